@@ -1,0 +1,38 @@
+# gpt-serve: `make demo` launches the demo on the shipped model; `make test` runs the test suite.
+# Both create .venv and install everything (torch pinned by constraints.txt) on first use.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m demo $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not browser and not distributed" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: $(STAMP)
+	$(PY) benchmarks/generation.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

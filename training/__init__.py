@@ -1,0 +1,1 @@
+"""training: the training pipeline of gpt-serve (data, loop, checkpoints, presets, the lesson's ladder)."""

@@ -1,0 +1,110 @@
+"""Named training presets: the lesson's ladder (stages A-F) and the CPU preset behind the shipped default model.
+
+A preset is model config keyword arguments (for `CharGPTConfig`) plus training options (for `TrainConfig`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Stages A-E of the lesson: batch 32, block 8, n_embd 32, lr 1e-3, 5000 iterations, no dropout, and PyTorch's
+# default init (the lesson's normal(0, 0.02) init came later; with it stage D stalls near 2.25).
+_LADDER_MODEL = dict(block_size=8, n_embd=32, dropout=0.0, init="pytorch")
+_LADDER_TRAIN = dict(batch_size=32, learning_rate=1e-3, max_iters=5000, eval_interval=500, eval_iters=200)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    adds: str  # what this stage adds, for the ladder table
+    model: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
+    lesson_val_loss: float | None = None
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset(
+            "ladder-a",
+            "Stage A: one self-attention head (head_size = n_embd = 32), straight into lm_head.",
+            "one self-attention head",
+            dict(_LADDER_MODEL, n_head=1, n_layer=1, attn_proj=False, ffwd_mult=0, residual=False, layer_norm=False),
+            dict(_LADDER_TRAIN),
+            2.4,
+        ),
+        Preset(
+            "ladder-b",
+            "Stage B: 4 heads of 8 channels, concatenated, with an output projection.",
+            "4 heads x 8, concatenated, output projection",
+            dict(_LADDER_MODEL, n_head=4, n_layer=1, attn_proj=True, ffwd_mult=0, residual=False, layer_norm=False),
+            dict(_LADDER_TRAIN),
+            2.28,
+        ),
+        Preset(
+            "ladder-c",
+            "Stage C: + a feed-forward Linear(32, 32) -> ReLU after attention, no residual.",
+            "+ feed-forward after attention",
+            dict(
+                _LADDER_MODEL, n_head=4, n_layer=1, attn_proj=True, ffwd_mult=1, ffwd_proj=False, residual=False,
+                layer_norm=False,
+            ),
+            dict(_LADDER_TRAIN),
+            2.24,
+        ),
+        Preset(
+            "ladder-d",
+            "Stage D: 3 residual blocks (4 heads each) with a 4x-wide feed-forward.",
+            "3 blocks with residual connections, 4x feed-forward",
+            dict(_LADDER_MODEL, n_head=4, n_layer=3, attn_proj=True, ffwd_mult=4, residual=True, layer_norm=False),
+            dict(_LADDER_TRAIN),
+            2.08,
+        ),
+        Preset(
+            "ladder-e",
+            "Stage E: + pre-norm LayerNorm in each block and a final LayerNorm before lm_head.",
+            "+ pre-norm LayerNorm (and one before lm_head)",
+            dict(_LADDER_MODEL, n_head=4, n_layer=3, attn_proj=True, ffwd_mult=4, residual=True, layer_norm=True),
+            dict(_LADDER_TRAIN),
+            2.06,
+        ),
+        Preset(
+            "ladder-f",
+            "Stage F: the lesson's scaled model (10.8M parameters); GPU work.",
+            "batch 64, block 256, n_embd 384, 6 heads, 6 layers, dropout 0.2, lr 3e-4",
+            dict(block_size=256, n_embd=384, n_head=6, n_layer=6, dropout=0.2, init="normal"),
+            dict(batch_size=64, learning_rate=3e-4, max_iters=5000, eval_interval=500, eval_iters=200),
+            1.48,
+        ),
+        Preset(
+            "shakespeare-cpu",
+            "The shipped default model: the lesson's architecture sized for ~1 hour on 2 CPU cores, "
+            "with a longer context than the lesson's CPU config and warmup + cosine decay.",
+            "CPU-sized default model",
+            dict(block_size=128, n_embd=192, n_head=6, n_layer=4, dropout=0.1, init="normal"),
+            dict(
+                batch_size=32, learning_rate=2e-3, min_lr=1e-4, schedule="cosine", warmup_iters=200,
+                max_iters=5000, eval_interval=500, eval_iters=80, grad_clip=1.0, weight_decay=0.1, keep_best=True,
+            ),
+            None,
+        ),
+        Preset(
+            "tiny",
+            "A seconds-long smoke test (tests, CI).",
+            "tiny smoke-test model",
+            dict(block_size=16, n_embd=32, n_head=4, n_layer=2, dropout=0.0, init="normal"),
+            dict(batch_size=8, learning_rate=3e-3, max_iters=30, eval_interval=10, eval_iters=4),
+            None,
+        ),
+    ]
+}
+
+LADDER_STAGES = ["ladder-a", "ladder-b", "ladder-c", "ladder-d", "ladder-e", "ladder-f"]
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}") from None
