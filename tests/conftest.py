@@ -1,0 +1,55 @@
+"""Shared fixtures: the Tiny Shakespeare corpus from ../shared/data and tiny models built on the spot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA_PATH = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="session")
+def data_path() -> Path:
+    if not DATA_PATH.is_file():
+        pytest.fail(f"Tiny Shakespeare is expected at {DATA_PATH} (see ../shared/data/README.md)")
+    return DATA_PATH
+
+
+@pytest.fixture(scope="session")
+def corpus(data_path) -> str:
+    return data_path.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(corpus):
+    from gpt_serve import CharTokenizer
+
+    return CharTokenizer.from_corpus(corpus)
+
+
+def make_tiny_model(seed: int = 0, **overrides):
+    """A random tiny CharGPT (block_size 16, so tests cross the window quickly), in eval mode."""
+    import torch
+
+    from gpt_serve import CharGPTConfig, CharGPTForCausalLM
+
+    kwargs = dict(vocab_size=65, block_size=16, n_embd=32, n_head=4, n_layer=2, dropout=0.0)
+    kwargs.update(overrides)
+    torch.manual_seed(seed)
+    return CharGPTForCausalLM(CharGPTConfig(**kwargs)).eval()
+
+
+@pytest.fixture
+def tiny_model():
+    return make_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
+    """A saved tiny model folder (weights, config, tokenizer, module files)."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    make_tiny_model().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
