@@ -1,0 +1,91 @@
+"""`python -m export [MODEL_DIR]` (also `gpt-serve export`): export, validate, report, update the model card."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+from gpt_serve.models import DEFAULT_MODEL
+
+from .onnx_export import OPSET
+from .validate import FP32_LOGITS_ATOL, INT8_MAX_VAL_LOSS_INCREASE
+
+
+def build_parser(prog: str = "python -m export") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            f"Export a CharGPT model folder to ONNX (opset {OPSET}): onnx/model.onnx (fp32) and "
+            "onnx/model_quantized.onnx (int8), validated against PyTorch and on real text before they are written. "
+            "Exits 1 when a check fails (nothing is written then)."
+        ),
+    )
+    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                        help=f"a save_pretrained model folder, or a shipped model name (default: {DEFAULT_MODEL})")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="the training corpus, whose validation split measures the int8 loss change "
+                             "(default: Tiny Shakespeare, downloaded once into the user cache)")
+    parser.add_argument("--no-quantize", action="store_true", help="write only the fp32 graph")
+    parser.add_argument("--decode-steps", type=int, default=4, help="cached decode steps compared after the prefill")
+    parser.add_argument("--atol", type=float, default=FP32_LOGITS_ATOL,
+                        help=f"largest fp32 |logits difference| from PyTorch (default {FP32_LOGITS_ATOL:g})")
+    parser.add_argument("--max-int8-loss-increase", type=float, default=INT8_MAX_VAL_LOSS_INCREASE,
+                        help=f"largest int8 validation-loss increase, nats/char (default {INT8_MAX_VAL_LOSS_INCREASE})")
+    parser.add_argument("--val-tokens", type=int, default=32768,
+                        help="about how many validation characters the int8 loss is measured on (default 32768)")
+    parser.add_argument("--threads", type=int, default=None, help="torch and ONNX Runtime threads (default: theirs)")
+    parser.add_argument("--no-model-card", action="store_true", help="leave MODEL_DIR/README.md alone")
+    return parser
+
+
+def _load_text(path: Path | None) -> tuple[str, str]:
+    from training.data import load_text
+
+    text = load_text(path)
+    return text, f"{path.name if path else 'tinyshakespeare.txt'} (validation split)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for name, value in (("--decode-steps", args.decode_steps), ("--val-tokens", args.val_tokens)):
+        if value < 1:
+            print(f"error: {name} must be >= 1, got {value}", file=sys.stderr)
+            return 2
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+            return 2
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+    from .exporter import export_model
+    from .report import card_section, format_report, update_model_card
+
+    text, source = None, ""
+    if not args.no_quantize:
+        try:
+            text, source = _load_text(args.data)
+        except (OSError, ValueError) as e:
+            print(f"error: no validation text for the int8 check ({e}); pass --data PATH or --no-quantize",
+                  file=sys.stderr)
+            return 2
+    try:
+        report = export_model(
+            args.model, text=text, text_source=source, quantize=not args.no_quantize,
+            decode_steps=args.decode_steps, atol=args.atol, int8_max_loss_increase=args.max_int8_loss_increase,
+            val_tokens=args.val_tokens, threads=args.threads,
+        )
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_report(report))
+    if report.passed and not args.no_model_card:
+        card = update_model_card(report.model_dir, card_section(report, shlex.join(["python", "-m", "export", *argv])))
+        print(f"model card: {card}")
+    return 0 if report.passed else 1

@@ -1,0 +1,208 @@
+"""`export_model`: a model folder in, validated ONNX graphs in its `onnx/` folder out, with a report.
+
+The graphs are written to a temporary folder next to the model, checked (see `export.validate`), and moved into
+`MODEL_DIR/onnx/` only when every check passes, so a failed export never replaces a working one. The model card
+(`MODEL_DIR/README.md`) then gets its ONNX section.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from gpt_serve.modeling_chargpt import CharGPTForCausalLM
+from gpt_serve.models import model_path
+from gpt_serve.onnx_backend import FP32_FILE_NAME, INT8_FILE_NAME, ONNX_SUBDIR, load_session
+from gpt_serve.tokenization_chargpt import CharTokenizer
+from gpt_serve.vocab import VOCAB_FILE_NAME, CharVocab
+
+from .onnx_export import EXPORTER, EXPORTER_VERSION, OPSET, export_fp32, metadata, quantize_int8, write_metadata
+from .validate import (
+    FP32_LOGITS_ATOL,
+    INT8_MAX_VAL_LOSS_INCREASE,
+    ParityResult,
+    check_graph,
+    compare_with_torch,
+    eval_windows,
+    onnx_val_loss,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ValLoss:
+    """Validation loss of the fp32 and int8 graphs on the same windows of real text."""
+
+    source: str
+    tokens: int
+    fp32: float
+    int8: float
+    max_increase: float
+
+    @property
+    def increase(self) -> float:
+        return self.int8 - self.fp32
+
+    @property
+    def passed(self) -> bool:
+        return self.increase <= self.max_increase
+
+
+@dataclass
+class ExportReport:
+    model_dir: Path
+    opset: int
+    files: dict[str, int] = field(default_factory=dict)  # path relative to model_dir -> bytes
+    seconds: dict[str, float] = field(default_factory=dict)  # export, quantize, validate
+    checker: dict[str, str] = field(default_factory=dict)  # weights -> "ok" or the checker's error
+    parity: dict[str, ParityResult] = field(default_factory=dict)  # weights -> ONNX Runtime vs PyTorch
+    val_loss: ValLoss | None = None
+    atol: float = FP32_LOGITS_ATOL
+    failures: list[str] = field(default_factory=list)
+    installed: bool = False
+    exporter: str = EXPORTER
+    exporter_version: str = EXPORTER_VERSION
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def validation_ids(text: str, model_dir: Path, block_size: int) -> np.ndarray:
+    """The validation split of `text` as ids, split exactly as training splits it (`training.data.CharDataset`)."""
+    from training.data import CharDataset
+
+    dataset = CharDataset(text, CharTokenizer.from_pretrained(model_dir), block_size)
+    return dataset.splits["val"].numpy()
+
+
+def export_model(
+    model_dir: str | os.PathLike,
+    text: str | None = None,
+    text_source: str = "validation text",
+    quantize: bool = True,
+    opset: int = OPSET,
+    decode_steps: int = 4,
+    atol: float = FP32_LOGITS_ATOL,
+    int8_max_loss_increase: float = INT8_MAX_VAL_LOSS_INCREASE,
+    val_tokens: int = 32768,
+    threads: int | None = None,
+) -> ExportReport:
+    """Exports, validates and (if every check passes) installs `MODEL_DIR/onnx/model.onnx` and, with `quantize`,
+    `MODEL_DIR/onnx/model_quantized.onnx`.
+
+    Args:
+        model_dir: a `save_pretrained` folder of a CharGPT model (with its tokenizer), or a shipped model's name.
+        text: the corpus the model was trained on; its validation split (training's split) measures the int8 loss
+            change. Required when `quantize`.
+        text_source: how the report names `text` (e.g. the file name).
+        decode_steps: cached decode steps compared after the prefill.
+        atol: the largest |logits difference| accepted between the fp32 graph and PyTorch (and for the cache).
+        int8_max_loss_increase: the largest validation-loss increase (nats per character) accepted for int8.
+        val_tokens: about how many validation characters the loss is measured on.
+        threads: ONNX Runtime intra-op threads for the checks (None: its default).
+    """
+    folder = model_path(str(model_dir))
+    if quantize and text is None:
+        raise ValueError("the int8 check needs the validation text: pass text= (the training corpus) or quantize=False")
+    model = CharGPTForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    vocab = CharVocab.from_file(folder / VOCAB_FILE_NAME)
+    report = ExportReport(folder, opset, atol=atol, versions=_versions())
+    work = Path(tempfile.mkdtemp(prefix=".onnx-export-", dir=folder))
+    try:
+        graphs = _write_graphs(model, vocab, work, quantize, opset, report)
+        start = time.perf_counter()
+        sessions = _check_graphs(model, graphs, decode_steps, atol, threads, report)
+        if quantize and report.passed:
+            _check_int8_loss(model, folder, sessions, text, text_source, int8_max_loss_increase, val_tokens, report)
+        report.seconds["validate"] = time.perf_counter() - start
+        del sessions
+        if report.passed:
+            _install(work, folder / ONNX_SUBDIR, graphs, report)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+
+    return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": ort.__version__}
+
+
+def _write_graphs(model, vocab, work: Path, quantize: bool, opset: int, report: ExportReport) -> dict[str, Path]:
+    graphs = {"fp32": work / FP32_FILE_NAME}
+    start = time.perf_counter()
+    export_fp32(model, graphs["fp32"], opset)
+    write_metadata(graphs["fp32"], metadata(model, vocab, "fp32", opset))
+    report.seconds["export"] = time.perf_counter() - start
+    report.files[f"{ONNX_SUBDIR}/{FP32_FILE_NAME}"] = graphs["fp32"].stat().st_size
+    logger.info("exported %s in %.1f s", graphs["fp32"], report.seconds["export"])
+    if quantize:
+        graphs["int8"] = work / INT8_FILE_NAME
+        start = time.perf_counter()
+        quantize_int8(graphs["fp32"], graphs["int8"])
+        write_metadata(graphs["int8"], metadata(model, vocab, "int8", opset))
+        report.seconds["quantize"] = time.perf_counter() - start
+        report.files[f"{ONNX_SUBDIR}/{INT8_FILE_NAME}"] = graphs["int8"].stat().st_size
+    return graphs
+
+
+def _check_graphs(model, graphs: dict[str, Path], decode_steps: int, atol: float, threads, report: ExportReport):
+    """onnx.checker, then ONNX Runtime vs PyTorch. fp32 must match within `atol`; int8 values are reported only."""
+    sessions = {}
+    for weights, path in graphs.items():
+        try:
+            check_graph(path)
+            report.checker[weights] = "ok"
+        except Exception as e:  # the checker raises several types; any of them fails the export
+            report.checker[weights] = f"{type(e).__name__}: {e}"
+            report.failures.append(f"onnx.checker rejected the {weights} graph: {e}")
+            continue
+        sessions[weights] = load_session(path, threads)
+        parity = compare_with_torch(model, sessions[weights], decode_steps)
+        report.parity[weights] = parity
+        if not parity.names_ok:
+            outputs = [o.name for o in sessions[weights].get_outputs()]
+            report.failures.append(f"{weights} graph outputs are {outputs}, not logits + present.*")
+        elif parity.shape_errors:
+            report.failures.append(f"{weights} output shapes differ from PyTorch: {'; '.join(parity.shape_errors)}")
+        elif weights == "fp32" and not (parity.max_abs_logits <= atol and parity.max_abs_cache <= atol):
+            report.failures.append(
+                f"fp32 graph differs from PyTorch: max |Δlogits| {parity.max_abs_logits:.2e}, max |Δcache| "
+                f"{parity.max_abs_cache:.2e} > {atol:.0e}"
+            )
+    return sessions
+
+
+def _check_int8_loss(model, folder, sessions, text, text_source, max_increase, val_tokens, report) -> None:
+    config = model.config
+    windows = eval_windows(validation_ids(text, folder, config.block_size), config.block_size, val_tokens)
+    dims = (config.n_layer, config.n_head, config.head_size)
+    fp32, int8 = (onnx_val_loss(sessions[w], windows, *dims) for w in ("fp32", "int8"))
+    report.val_loss = ValLoss(text_source, int(windows[:, 1:].size), fp32, int8, max_increase)
+    if not report.val_loss.passed:
+        report.failures.append(
+            f"int8 raises the validation loss by {report.val_loss.increase:+.4f} ({fp32:.4f} -> {int8:.4f}), "
+            f"more than the allowed {max_increase:+.4f}"
+        )
+
+
+def _install(work: Path, onnx_dir: Path, graphs: dict[str, Path], report: ExportReport) -> None:
+    onnx_dir.mkdir(exist_ok=True)
+    for path in graphs.values():
+        os.replace(path, onnx_dir / path.name)
+    if "int8" not in graphs:  # an fp32-only export leaves no stale int8 graph behind
+        (onnx_dir / INT8_FILE_NAME).unlink(missing_ok=True)
+    report.installed = True

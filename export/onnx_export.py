@@ -1,0 +1,174 @@
+"""Writing the ONNX graphs: the KV-cache decoder (fp32), its metadata, and the int8 copy.
+
+Exporter choice: the TorchScript-based exporter (`torch.onnx.export(..., dynamo=False)`), on purpose. With the
+pinned torch 2.13 both exporters produce a correct KV-cache decoder (see FIELD-NOTES), but this one
+  - names the dynamic dimensions as we ask (`batch_size`, `sequence_length`, `past_sequence_length`); dynamo
+    writes expressions (`s0 + s1`) for output dims that would need renaming afterwards;
+  - writes one self-contained file (~1 s for the 10.8M model), where dynamo takes ~20 s and splits the weights
+    into `model.onnx.data` by default, which is awkward to ship inside a wheel next to `config.json`.
+The cost: tracing records the Python control flow taken for the example inputs. The model branches on its
+inputs in two places (it drops an all-ones `attention_mask`, and chooses SDPA's `is_causal` when there is no
+mask and no past), so the example is a left-padded batch with a non-empty past, which takes the general path
+(explicit additive mask) that is correct for every input. `export.validate` then checks prefill (empty past)
+and decode against PyTorch. The TorchScript exporter is deprecated upstream; when it goes, switch to dynamo here
+and keep the validation as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+from transformers.cache_utils import DynamicCache
+
+from gpt_serve import __version__
+from gpt_serve.modeling_chargpt import CharGPTForCausalLM
+from gpt_serve.onnx_backend import (
+    INPUT_NAMES,
+    LOGITS_NAME,
+    ONNX_FORMAT,
+    ONNX_FORMAT_VERSION,
+    past_names,
+    present_names,
+)
+from gpt_serve.vocab import CharVocab
+
+# Opset 17 is the first with a LayerNormalization op (one node instead of seven per LayerNorm) and is read by
+# every ONNX Runtime since 1.11. Fixed so that a re-export gives the same graph.
+OPSET = 17
+EXPORTER = "torchscript"
+EXPORTER_VERSION = f"gpt_serve.export {__version__}"
+
+BATCH, SEQUENCE, PAST = "batch_size", "sequence_length", "past_sequence_length"
+TOTAL = f"{PAST} + {SEQUENCE}"  # Hugging Face's name for the attention mask and `present` length
+
+
+class DecoderWithPast(nn.Module):
+    """`CharGPTForCausalLM` with its KV cache as flat tensors in and out, the form an ONNX graph carries.
+
+    forward(input_ids (B, T), attention_mask (B, P + T), position_ids (B, T), *past) -> (logits (B, T, V), *present)
+    with `past` = key, value of layer 0, key, value of layer 1, ... each (B, H, P, head_size), and `present` the
+    same with P + T positions.
+    """
+
+    def __init__(self, model: CharGPTForCausalLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        n_layer = self.model.config.n_layer
+        cache = DynamicCache(config=self.model.config)
+        for i in range(n_layer):
+            cache.update(past[2 * i], past[2 * i + 1], i)
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=True
+        )
+        present = []
+        for layer in out.cache.layers[:n_layer]:
+            present += [layer.keys, layer.values]  # each (B, H, P + T, head_size)
+        return (out.logits, *present)
+
+
+def example_inputs(model: CharGPTForCausalLM) -> tuple[torch.Tensor, ...]:
+    """Tracing inputs that take the model's general path: 2 rows, the second left-padded, 2 cached + 2 new."""
+    config = model.config
+    B, P, T = 2, 2, 2
+    input_ids = torch.arange(B * T).reshape(B, T) % config.vocab_size
+    attention_mask = torch.ones(B, P + T, dtype=torch.long)
+    attention_mask[1, :1] = 0  # left padding: keeps the mask (an all-ones mask would be dropped while tracing)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -T:]
+    past = [torch.zeros(B, config.n_head, P, config.head_size) for _ in range(2 * config.n_layer)]
+    return (input_ids, attention_mask, position_ids, *past)
+
+
+def dynamic_axes(n_layer: int) -> dict[str, dict[int, str]]:
+    axes = {
+        "input_ids": {0: BATCH, 1: SEQUENCE},
+        "attention_mask": {0: BATCH, 1: TOTAL},
+        "position_ids": {0: BATCH, 1: SEQUENCE},
+        LOGITS_NAME: {0: BATCH, 1: SEQUENCE},
+    }
+    axes.update({name: {0: BATCH, 2: PAST} for name in past_names(n_layer)})
+    axes.update({name: {0: BATCH, 2: TOTAL} for name in present_names(n_layer)})
+    return axes
+
+
+def export_fp32(model: CharGPTForCausalLM, path: Path, opset: int = OPSET) -> None:
+    """Traces `model` (fp32, eval mode) into the KV-cache decoder graph at `path`."""
+    model = model.float().eval()
+    n_layer = model.config.n_layer
+    with warnings.catch_warnings():
+        # Expected: the exporter's deprecation notice, and tracer warnings about the model's input checks
+        # (`if bool(...)`) being frozen. The frozen branches are the general ones (see the module docstring).
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            DecoderWithPast(model),
+            example_inputs(model),
+            str(path),
+            dynamo=False,
+            input_names=[*INPUT_NAMES, *past_names(n_layer)],
+            output_names=[LOGITS_NAME, *present_names(n_layer)],
+            dynamic_axes=dynamic_axes(n_layer),
+            opset_version=opset,
+            do_constant_folding=True,
+        )
+
+
+def quantize_int8(src: Path, dst: Path) -> None:
+    """Dynamic quantization: int8 weights for every MatMul/Gemm, activations quantized on the fly per call."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()
+    hush = _DropMessage("pre-processing before quantization")  # ORT's generic advice, logged on the root logger
+    root.addFilter(hush)
+    try:
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+    finally:
+        root.removeFilter(hush)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, fragment: str):
+        super().__init__()
+        self.fragment = fragment
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.fragment not in record.getMessage()
+
+
+def metadata(model: CharGPTForCausalLM, vocab: CharVocab, weights: str, opset: int = OPSET) -> dict[str, str]:
+    """What a runtime needs to refuse a mismatched model folder, and where the file came from."""
+    config = model.config
+    if config.vocab_size != len(vocab):
+        raise ValueError(f"the model has {config.vocab_size} token rows but the vocabulary {len(vocab)} characters")
+    return {
+        "format": ONNX_FORMAT,
+        "format_version": ONNX_FORMAT_VERSION,
+        "exporter_version": EXPORTER_VERSION,
+        "exporter": EXPORTER,
+        "torch_version": torch.__version__,
+        "opset": str(opset),
+        "weights": weights,
+        "model_type": config.model_type,
+        "block_size": str(config.block_size),
+        "vocab_size": str(config.vocab_size),
+        "vocab_sha256": vocab.sha256,
+        "n_layer": str(config.n_layer),
+        "n_head": str(config.n_head),
+        "head_size": str(config.head_size),
+        "n_embd": str(config.n_embd),
+    }
+
+
+def write_metadata(path: Path, values: dict[str, str]) -> None:
+    """Replaces the `metadata_props` of the ONNX file at `path` with `values`."""
+    proto = onnx.load(str(path))
+    del proto.metadata_props[:]
+    for key, value in values.items():
+        proto.metadata_props.add(key=key, value=value)
+    proto.producer_name, proto.producer_version = "gpt_serve.export", __version__
+    onnx.save(proto, str(path))

@@ -1,0 +1,115 @@
+"""The export report, as printed by the CLI and as the "ONNX" section of the model card (`MODEL_DIR/README.md`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpt_serve.models import MODELS_DIR
+
+from .exporter import ExportReport
+
+CARD_BEGIN = "<!-- gpt-serve:onnx:begin (written by `python -m export`; edits inside are replaced) -->"
+CARD_END = "<!-- gpt-serve:onnx:end -->"
+
+
+def _mb(n_bytes: int) -> str:
+    return f"{n_bytes / 1e6:.2f} MB"
+
+
+def _parity_line(report: ExportReport, weights: str) -> str:
+    p = report.parity[weights]
+    if not p.names_ok or p.shape_errors:
+        return "names/shapes FAILED"
+    rows = ", ".join(map(str, p.batch_lengths))
+    return (
+        f"max |Δlogits| prefill {p.max_abs_logits_prefill:.1e}, decode {p.max_abs_logits_decode:.1e}; "
+        f"max |Δcache| {p.max_abs_cache:.1e} (left-padded batch of rows {rows}, {p.decode_steps} decode steps)"
+    )
+
+
+def format_report(report: ExportReport) -> str:
+    """A short plain-text report for the terminal."""
+    lines = [f"ONNX export of {report.model_dir}"]
+    lines.append(
+        f"  exporter       {report.exporter} (opset {report.opset}), {report.exporter_version}, "
+        + ", ".join(f"{k} {v}" for k, v in report.versions.items())
+    )
+    lines.append("  files          " + ", ".join(f"{name} {_mb(size)}" for name, size in report.files.items()))
+    lines.append("  time           " + ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items()))
+    lines.append("  onnx.checker   " + ", ".join(f"{k} {v}" for k, v in report.checker.items()))
+    for weights in report.parity:
+        rule = f"limit {report.atol:.0e}" if weights == "fp32" else "reported, not checked"
+        lines.append(f"  ORT vs torch   {weights}: {_parity_line(report, weights)} [{rule}]")
+    v = report.val_loss
+    if v is not None:
+        lines.append(
+            f"  int8 val loss  {v.fp32:.4f} (fp32) -> {v.int8:.4f} (int8), {v.increase:+.4f} "
+            f"[limit {v.max_increase:+.4f}] on {v.tokens:,} characters of {v.source}"
+        )
+    for failure in report.failures:
+        lines.append(f"  FAILED: {failure}")
+    where = f"written to {report.model_dir / 'onnx'}" if report.installed else "nothing written"
+    lines.append(f"{'PASS' if report.passed else 'FAIL'}: {where}")
+    return "\n".join(lines)
+
+
+def card_section(report: ExportReport, command: str) -> str:
+    """The model card's ONNX section (markdown), between the markers."""
+    sizes = "\n".join(
+        f"| `{name}` | {'int8 weights (dynamic quantization)' if 'quantized' in name else 'fp32'} | {_mb(size)} |"
+        for name, size in report.files.items()
+    )
+    parity = "\n".join(f"- ONNX Runtime vs PyTorch, {w}: {_parity_line(report, w)}." for w in report.parity)
+    v = report.val_loss
+    val = (
+        f"- int8 validation loss on {v.tokens:,} characters of {v.source}: {v.fp32:.4f} (fp32) -> {v.int8:.4f} "
+        f"(int8), {v.increase:+.4f} (limit {v.max_increase:+.4f})."
+        if v is not None
+        else "- int8: not exported."
+    )
+    times = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
+    versions = ", ".join(f"{k} {v}" for k, v in report.versions.items())
+    shipped = report.model_dir.resolve().parent == MODELS_DIR
+    name = report.model_dir.name if shipped else str(report.model_dir)
+    return f"""{CARD_BEGIN}
+## ONNX
+
+Exported and validated by `{command}` ({report.exporter_version}, {report.exporter} exporter, opset {report.opset};
+{versions}).
+
+| file | weights | size |
+|---|---|---|
+{sizes}
+
+One decoder graph with a KV cache serves prefill (empty past) and decode. Inputs `input_ids`, `attention_mask`,
+`position_ids`, `past_key_values.{{i}}.key/.value`; outputs `logits`, `present.{{i}}.key/.value`; dynamic dims
+`batch_size`, `sequence_length`, `past_sequence_length`. The file's metadata holds `block_size` and the vocabulary's
+sha256, checked against `vocab.json` at load time.
+
+- `onnx.checker`: {", ".join(f"{k} {c}" for k, c in report.checker.items())}.
+{parity}
+{val}
+- Time: {times}.
+
+```python
+from gpt_serve.engine import stream_text
+from gpt_serve.onnx_backend import OnnxBackend  # needs only numpy + onnxruntime
+
+backend = OnnxBackend({name!r}, quantized=True, threads=2)
+print("".join(stream_text(backend, backend.vocab, "ROMEO:", 200, temperature=0.8, seed=0)))
+```
+{CARD_END}
+"""
+
+
+def update_model_card(model_dir: Path, section: str) -> Path:
+    """Puts `section` into `model_dir/README.md`, replacing an earlier ONNX section and keeping everything else."""
+    path = Path(model_dir) / "README.md"
+    text = path.read_text(encoding="utf-8") if path.is_file() else f"# {Path(model_dir).name}\n"
+    begin, end = text.find(CARD_BEGIN), text.find(CARD_END)
+    if begin != -1 and end > begin:
+        text = text[:begin] + section.rstrip("\n") + text[end + len(CARD_END) :]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,152 @@
+"""The export's self-checks: the ONNX checker, ONNX Runtime against PyTorch, and int8 against fp32 on real text.
+
+`compare_with_torch` runs the graph through a plain `InferenceSession` (not `OnnxBackend`), so it checks the file
+itself: output names, shapes and values on a left-padded batch, for a prefill from an empty past and several
+decode steps that feed each side's own cache back in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from transformers.cache_utils import DynamicCache
+
+from gpt_serve.engine import left_pad
+from gpt_serve.modeling_chargpt import CharGPTForCausalLM
+from gpt_serve.onnx_backend import INPUT_NAMES, LOGITS_NAME, past_names, present_names
+
+FP32_LOGITS_ATOL = 1e-4
+# int8 dynamic quantization may raise the validation loss by at most this much (nats per character). It is the
+# lesson's seed-to-seed spread (~±0.015, FIELD-NOTES) rounded up: int8 must not cost more than retraining noise.
+INT8_MAX_VAL_LOSS_INCREASE = 0.02
+
+
+@dataclass
+class ParityResult:
+    """ONNX Runtime vs PyTorch on one left-padded batch: a prefill then `decode_steps` cached steps."""
+
+    batch_lengths: list[int]
+    decode_steps: int
+    names_ok: bool
+    shape_errors: list[str] = field(default_factory=list)
+    max_abs_logits_prefill: float = 0.0
+    max_abs_logits_decode: float = 0.0
+    max_abs_cache: float = 0.0
+
+    @property
+    def max_abs_logits(self) -> float:
+        return max(self.max_abs_logits_prefill, self.max_abs_logits_decode)
+
+
+def check_graph(path: Path) -> None:
+    """`onnx.checker` with full shape inference; raises `onnx.checker.ValidationError` on failure."""
+    onnx.checker.check_model(str(path), full_check=True)
+
+
+def parity_batch(block_size: int, decode_steps: int) -> list[int]:
+    """Prompt lengths of the parity batch: three rows, two of them left-padded, that leave room for the decode steps
+    inside the window."""
+    longest = max(1, min(12, block_size - decode_steps))
+    return [longest, max(1, longest // 2), 1]
+
+
+def compare_with_torch(
+    model: CharGPTForCausalLM, session: ort.InferenceSession, decode_steps: int = 4, seed: int = 0
+) -> ParityResult:
+    """Max |ONNX Runtime - PyTorch| over logits and cache on real (unpadded) positions, names and shapes checked.
+
+    Each decode step feeds both sides the token PyTorch ranks first, and each side its own cache.
+    """
+    config = model.config
+    n_layer = config.n_layer
+    lengths = parity_batch(config.block_size, decode_steps)
+    rng = np.random.default_rng(seed)
+    ids, mask = left_pad([rng.integers(0, config.vocab_size, n).tolist() for n in lengths])
+    B = len(lengths)
+    expected_outputs = [LOGITS_NAME, *present_names(n_layer)]
+    result = ParityResult(lengths, decode_steps, names_ok=[o.name for o in session.get_outputs()] == expected_outputs)
+    if not result.names_ok:
+        return result
+
+    empty = np.zeros((B, config.n_head, 0, config.head_size), dtype=np.float32)
+    ort_past = [empty] * (2 * n_layer)
+    torch_cache = DynamicCache(config=config)
+    new_ids = ids
+    for step in range(decode_steps + 1):
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -new_ids.shape[1] :]
+        feeds = dict(zip(INPUT_NAMES, (new_ids, mask, positions), strict=True))
+        feeds.update(zip(past_names(n_layer), ort_past, strict=True))
+        ort_out = dict(zip(expected_outputs, session.run(expected_outputs, feeds), strict=True))
+        with torch.inference_mode():
+            out = model(
+                input_ids=torch.from_numpy(new_ids), attention_mask=torch.from_numpy(mask),
+                position_ids=torch.from_numpy(positions), cache=torch_cache, use_cache=True,
+            )
+        torch_out = {LOGITS_NAME: out.logits.float().numpy()}
+        for i, layer in enumerate(out.cache.layers[:n_layer]):
+            torch_out[f"present.{i}.key"], torch_out[f"present.{i}.value"] = layer.keys.numpy(), layer.values.numpy()
+
+        for name in expected_outputs:
+            if ort_out[name].shape != torch_out[name].shape:
+                result.shape_errors.append(
+                    f"step {step} {name}: ORT {ort_out[name].shape}, torch {torch_out[name].shape}"
+                )
+        if result.shape_errors:
+            return result
+        real_new = mask[:, -new_ids.shape[1] :].astype(bool)  # (B, T): logits of padding positions are meaningless
+        logits_diff = float(np.abs(ort_out[LOGITS_NAME] - torch_out[LOGITS_NAME])[real_new].max())
+        if step == 0:
+            result.max_abs_logits_prefill = logits_diff
+        else:
+            result.max_abs_logits_decode = max(result.max_abs_logits_decode, logits_diff)
+        real_all = mask.astype(bool)  # (B, P + T)
+        for name in present_names(n_layer):
+            diff = np.abs(ort_out[name] - torch_out[name]).transpose(0, 2, 1, 3)[real_all]  # (real, H, hs)
+            result.max_abs_cache = max(result.max_abs_cache, float(diff.max()))
+
+        next_token = torch_out[LOGITS_NAME][:, -1].argmax(-1)[:, None].astype(np.int64)  # (B, 1)
+        ort_past = [ort_out[name] for name in present_names(n_layer)]
+        new_ids = next_token
+        mask = np.concatenate([mask, np.ones((B, 1), dtype=np.int64)], axis=1)
+    return result
+
+
+def eval_windows(val_ids: np.ndarray, block_size: int, max_tokens: int) -> np.ndarray:
+    """Windows (N, block_size + 1) of the validation ids, evenly spread over the split, about `max_tokens` targets.
+
+    Deterministic, so fp32 and int8 (and two runs) see the same text.
+    """
+    n_possible = len(val_ids) - block_size
+    if n_possible < 1:
+        raise ValueError(f"the validation text has {len(val_ids)} tokens, fewer than block_size + 1 = {block_size + 1}")
+    n = max(1, min(n_possible, max_tokens // block_size))
+    starts = np.linspace(0, n_possible - 1, n).astype(np.int64)
+    return np.stack([val_ids[s : s + block_size + 1] for s in starts]).astype(np.int64)
+
+
+def onnx_val_loss(session: ort.InferenceSession, windows: np.ndarray, n_layer: int, n_head: int, head_size: int,
+                  batch_size: int = 16) -> float:
+    """Mean next-character cross-entropy of the ONNX graph over `windows` (N, T + 1): prefill from an empty past."""
+    total, count = 0.0, 0
+    for lo in range(0, len(windows), batch_size):
+        chunk = windows[lo : lo + batch_size]
+        x, y = chunk[:, :-1], chunk[:, 1:]
+        B, T = x.shape
+        empty = np.zeros((B, n_head, 0, head_size), dtype=np.float32)
+        feeds = {
+            "input_ids": x, "attention_mask": np.ones((B, T), dtype=np.int64),
+            "position_ids": np.broadcast_to(np.arange(T, dtype=np.int64), (B, T)).copy(),
+        }
+        feeds.update({name: empty for name in past_names(n_layer)})
+        (logits,) = session.run([LOGITS_NAME], feeds)  # (B, T, V)
+        z = logits.astype(np.float64)
+        z -= z.max(axis=-1, keepdims=True)
+        log_probs = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+        total -= float(np.take_along_axis(log_probs, y[..., None], axis=-1).sum())
+        count += y.size
+    return total / count

@@ -1,0 +1,300 @@
+"""The ONNX Runtime backend of the generation engine: torch-free inference from a model folder's ONNX export.
+
+This module imports only numpy, onnxruntime, the standard library and the torch-free parts of gpt_serve (vocab,
+engine, sampling, models), so `pip install gpt-serve[onnx]` (numpy + onnxruntime) is enough to generate text:
+
+    >>> from gpt_serve.engine import stream_text
+    >>> from gpt_serve.onnx_backend import OnnxBackend
+    >>> backend = OnnxBackend("shakespeare", quantized=True, threads=2)
+    >>> for piece in stream_text(backend, backend.vocab, "ROMEO:", 200, seed=0): print(piece, end="")
+
+It is also the one place that names the ONNX layout (file names, graph inputs/outputs, metadata keys); the
+exporter (`python -m export`) imports these names from here. The layout is Hugging Face's: the graphs live in
+`MODEL_DIR/onnx/` next to `config.json` and `vocab.json`, and a decoder graph takes `input_ids`,
+`attention_mask`, `position_ids`, `past_key_values.{i}.key/.value` and returns `logits`, `present.{i}.key/.value`.
+One graph serves prefill (an empty past) and decode.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+from .models import model_path
+from .vocab import VOCAB_FILE_NAME, CharVocab
+
+logger = logging.getLogger(__name__)
+
+ONNX_SUBDIR = "onnx"
+FP32_FILE_NAME = "model.onnx"
+INT8_FILE_NAME = "model_quantized.onnx"
+INPUT_NAMES = ("input_ids", "attention_mask", "position_ids")
+LOGITS_NAME = "logits"
+# Metadata stored in the ONNX file (`metadata_props`), all as strings.
+ONNX_FORMAT = "chargpt-decoder-with-past"
+ONNX_FORMAT_VERSION = "1"
+REQUIRED_METADATA = (
+    "format", "format_version", "exporter_version", "block_size", "vocab_size", "vocab_sha256", "n_layer", "n_head",
+    "head_size",
+)
+# config.json entries that must agree with the ONNX metadata (a stale export of an older architecture).
+CONFIG_KEYS_CHECKED = ("block_size", "vocab_size", "n_layer", "n_head")
+EXPORT_HINT = "export it with `python -m export {model_dir}` (or `gpt-serve export {model_dir}`)"
+
+
+def past_names(n_layer: int) -> list[str]:
+    """Cache inputs in graph order: past_key_values.0.key, past_key_values.0.value, past_key_values.1.key, ..."""
+    return [f"past_key_values.{i}.{kind}" for i in range(n_layer) for kind in ("key", "value")]
+
+
+def present_names(n_layer: int) -> list[str]:
+    """Cache outputs in graph order, matching `past_names`: present.0.key, present.0.value, ..."""
+    return [f"present.{i}.{kind}" for i in range(n_layer) for kind in ("key", "value")]
+
+
+def onnx_path(model_dir: str | os.PathLike, quantized: bool = False) -> Path:
+    """Where the fp32 (`onnx/model.onnx`) or int8 (`onnx/model_quantized.onnx`) graph of a model folder lives."""
+    return Path(model_dir) / ONNX_SUBDIR / (INT8_FILE_NAME if quantized else FP32_FILE_NAME)
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    """SessionOptions for batch-1-ish decoding: all graph optimizations, `threads` intra-op threads (None: ORT's
+    default, one per physical core), one inter-op thread (the graph is a chain; parallel branches do not pay)."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be None (ONNX Runtime's default) or an integer >= 1, got {threads!r}")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = 1
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    return options
+
+
+def load_session(path: Path, threads: int | None = None, providers=None) -> ort.InferenceSession:
+    """An InferenceSession on `path`, with a clear error for a missing, truncated or corrupt file."""
+    model_dir = path.parent.parent
+    if not path.is_file():
+        raise FileNotFoundError(f"ONNX model not found: {path}; " + EXPORT_HINT.format(model_dir=model_dir))
+    try:
+        providers = providers or ["CPUExecutionProvider"]
+        return ort.InferenceSession(str(path), session_options(threads), providers=providers)
+    except (ort_errors.Fail, ort_errors.InvalidProtobuf, ort_errors.InvalidGraph, ort_errors.NoModel) as e:
+        raise ValueError(
+            f"ONNX Runtime cannot load {path} ({path.stat().st_size} bytes): the file is truncated or corrupt "
+            f"({type(e).__name__}: {str(e)[:300]}). Re-" + EXPORT_HINT.format(model_dir=model_dir)
+        ) from None
+
+
+class OnnxCache:
+    """The KV cache between two `OnnxBackend.forward` calls: the graph's `present.*` outputs, kept as ONNX Runtime
+    values (never copied to numpy) and fed back as the next call's `past_key_values.*`. Opaque to the engine."""
+
+    __slots__ = ("values", "length", "batch_size", "owner")
+
+    def __init__(self, values: list, length: int, batch_size: int, owner: OnnxBackend):
+        self.values, self.length, self.batch_size, self.owner = values, length, batch_size, owner
+
+
+class OnnxBackend:
+    """Runs a model folder's ONNX export for the generation engine (`gpt_serve.engine`), without torch.
+
+    Args:
+        model_dir: a model folder (holding `config.json`, `vocab.json` and `onnx/`), or the name of a shipped model
+            (see `gpt_serve.models.list_models`).
+        quantized: load `onnx/model_quantized.onnx` (int8 weights) instead of `onnx/model.onnx` (fp32).
+        threads: intra-op threads (None: ONNX Runtime's default, one per physical core).
+        providers: ONNX Runtime execution providers (default `["CPUExecutionProvider"]`). With the CUDA provider
+            first, the KV cache stays on the GPU between steps.
+
+    Raises:
+        FileNotFoundError: the ONNX file (or `vocab.json`) is missing.
+        ValueError: the ONNX file is truncated or corrupt, was not written by `python -m export`, or does not match
+            the folder's vocabulary or config.
+    """
+
+    def __init__(
+        self, model_dir: str | os.PathLike, quantized: bool = False, threads: int | None = None, providers=None
+    ):
+        self.model_dir = model_path(str(model_dir))
+        self.quantized = bool(quantized)
+        self.path = onnx_path(self.model_dir, self.quantized)
+        self.session = load_session(self.path, threads, providers)
+        self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
+        self._check_metadata()
+        self.block_size = int(self.metadata["block_size"])
+        self.vocab_size = int(self.metadata["vocab_size"])
+        self.n_layer = int(self.metadata["n_layer"])
+        self.n_head = int(self.metadata["n_head"])
+        self.head_size = int(self.metadata["head_size"])
+        self.vocab = CharVocab.from_file(self.model_dir / VOCAB_FILE_NAME)
+        self._check_vocab_and_config()
+        self._check_graph_io()
+        self._past_names = past_names(self.n_layer)
+        self._present_names = present_names(self.n_layer)
+        first = self.session.get_providers()[0]
+        self._cache_device = "cuda" if first == "CUDAExecutionProvider" else "cpu"
+        self._binding = self.session.io_binding()  # reused every step: the graph's I/O never changes
+        self._empty_past: dict[int, Any] = {}  # batch size -> an empty (B, H, 0, head_size) past, made once
+
+    def __repr__(self) -> str:
+        kind = "int8" if self.quantized else "fp32"
+        return f"OnnxBackend({str(self.model_dir)!r}, {kind}, block_size={self.block_size}, providers={self.providers})"
+
+    @property
+    def providers(self) -> list[str]:
+        return self.session.get_providers()
+
+    def _check_metadata(self) -> None:
+        missing = [k for k in REQUIRED_METADATA if k not in self.metadata]
+        if missing:
+            raise ValueError(
+                f"{self.path} lacks the metadata {missing} that `python -m export` writes (block size, vocabulary "
+                f"hash, ...); it was not exported by gpt-serve. Re-" + EXPORT_HINT.format(model_dir=self.model_dir)
+            )
+        if (self.metadata["format"], self.metadata["format_version"]) != (ONNX_FORMAT, ONNX_FORMAT_VERSION):
+            raise ValueError(
+                f"{self.path} has ONNX format {self.metadata['format']!r} version {self.metadata['format_version']!r}; "
+                f"this gpt_serve reads {ONNX_FORMAT!r} version {ONNX_FORMAT_VERSION!r}. Re-"
+                + EXPORT_HINT.format(model_dir=self.model_dir)
+            )
+
+    def _check_vocab_and_config(self) -> None:
+        vocab_file = self.model_dir / VOCAB_FILE_NAME
+        if self.vocab.sha256 != self.metadata["vocab_sha256"] or len(self.vocab) != self.vocab_size:
+            raise ValueError(
+                f"vocabulary mismatch: {vocab_file} has {len(self.vocab)} characters (sha256 "
+                f"{self.vocab.sha256[:12]}...) but {self.path} was exported with a {self.vocab_size}-character "
+                f"vocabulary (sha256 {self.metadata['vocab_sha256'][:12]}...). The ids would decode to the wrong "
+                f"characters: use the vocab.json the model was trained with, or re-"
+                + EXPORT_HINT.format(model_dir=self.model_dir)
+            )
+        config_file = self.model_dir / "config.json"
+        with open(config_file, encoding="utf-8") as f:
+            config = json.load(f)
+        onnx_values = {k: int(self.metadata[k]) for k in CONFIG_KEYS_CHECKED}
+        stale = {k: (config.get(k), v) for k, v in onnx_values.items() if config.get(k) != v}
+        if stale:
+            shown = ", ".join(f"{k}: config.json {c}, ONNX {o}" for k, (c, o) in stale.items())
+            raise ValueError(
+                f"{self.path} does not match {config_file} ({shown}): the export is stale. Re-"
+                + EXPORT_HINT.format(model_dir=self.model_dir)
+            )
+
+    def _check_graph_io(self) -> None:
+        inputs = {i.name: i.type for i in self.session.get_inputs()}
+        outputs = [o.name for o in self.session.get_outputs()]
+        expected_inputs = [*INPUT_NAMES, *past_names(self.n_layer)]
+        expected_outputs = [LOGITS_NAME, *present_names(self.n_layer)]
+        if sorted(inputs) != sorted(expected_inputs) or outputs != expected_outputs:
+            raise ValueError(
+                f"{self.path} has inputs {sorted(inputs)} and outputs {outputs}; expected inputs {expected_inputs} "
+                f"and outputs {expected_outputs}"
+            )
+        for name in INPUT_NAMES:
+            if inputs[name] != "tensor(int64)":
+                raise ValueError(f"{self.path}: input {name!r} is {inputs[name]}, expected tensor(int64)")
+
+    def forward(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, cache: OnnxCache | None
+    ) -> tuple[np.ndarray, OnnxCache]:
+        """Logits (B, vocab) of the last position, and the cache extended by the T new tokens.
+
+        Args:
+            input_ids: int64 (B, T) ids; positions where `attention_mask` is 0 may hold any id (they are embedded as
+                id 0 and masked out, as in the PyTorch model).
+            attention_mask: int64 (B, past + T), 1 for real tokens, 0 for (left) padding, over cached and new columns.
+            position_ids: int64 (B, T), in `[0, block_size)`.
+            cache: None (empty) or the cache this backend returned for the same batch.
+        """
+        input_ids = _as_int64("input_ids", input_ids)
+        attention_mask = _as_int64("attention_mask", attention_mask)
+        position_ids = _as_int64("position_ids", position_ids)
+        B, T = input_ids.shape
+        past = self._check_cache(cache, B)
+        self._check_inputs(input_ids, attention_mask, position_ids, past)
+
+        binding = self._binding
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        binding.bind_cpu_input("input_ids", input_ids)
+        binding.bind_cpu_input("attention_mask", attention_mask)
+        binding.bind_cpu_input("position_ids", position_ids)
+        past_values = cache.values if cache is not None else self._empty(B)
+        for name, value in zip(self._past_names, past_values, strict=True):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output(LOGITS_NAME, "cpu")
+        for name in self._present_names:
+            binding.bind_output(name, self._cache_device)  # ORT allocates; the values become the next past
+        self.session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        logits = outputs[0].numpy()[:, -1]  # (B, vocab)
+        new_cache = OnnxCache(list(outputs[1:]), past + T, B, self)
+        return np.ascontiguousarray(logits, dtype=np.float32), new_cache
+
+    def _empty(self, batch_size: int) -> list:
+        if batch_size not in self._empty_past:
+            empty = np.zeros((batch_size, self.n_head, 0, self.head_size), dtype=np.float32)
+            value = ort.OrtValue.ortvalue_from_numpy(empty, self._cache_device, 0)
+            self._empty_past[batch_size] = [value] * len(self._past_names)
+        return self._empty_past[batch_size]
+
+    def _check_cache(self, cache: Any, batch_size: int) -> int:
+        if cache is None:
+            return 0
+        if not isinstance(cache, OnnxCache) or cache.owner is not self:
+            raise TypeError(
+                f"cache must be None or the OnnxCache this backend returned, got {type(cache).__name__}"
+                + (" from another backend" if isinstance(cache, OnnxCache) else "")
+            )
+        if cache.batch_size != batch_size:
+            raise ValueError(f"the cache holds a batch of {cache.batch_size} rows but input_ids has {batch_size}")
+        return cache.length
+
+    def _check_inputs(self, input_ids, attention_mask, position_ids, past: int) -> None:
+        B, T = input_ids.shape
+        if T == 0 or B == 0:
+            raise ValueError(f"input_ids must hold at least one token per row, got shape {input_ids.shape}")
+        if position_ids.shape != (B, T):
+            raise ValueError(f"position_ids must have the shape of input_ids {(B, T)}, got {position_ids.shape}")
+        if attention_mask.shape != (B, past + T):
+            raise ValueError(
+                f"attention_mask must have shape (batch, past + sequence) = ({B}, {past + T}) with {past} cached "
+                f"tokens, got {attention_mask.shape}"
+            )
+        real = attention_mask[:, -T:] != 0
+        bad = input_ids[real & ((input_ids < 0) | (input_ids >= self.vocab_size))]
+        if bad.size:
+            raise ValueError(
+                f"input_ids holds ids {np.unique(bad)[:10].tolist()} outside the vocabulary [0, {self.vocab_size - 1}]"
+            )
+        if position_ids.min() < 0 or position_ids.max() >= self.block_size:
+            raise ValueError(
+                f"position_ids must lie in [0, block_size) = [0, {self.block_size}), got "
+                f"[{position_ids.min()}, {position_ids.max()}]; the engine slides the window past block_size"
+            )
+
+
+def _as_int64(name: str, array: Any) -> np.ndarray:
+    """`array` as a contiguous 2-D int64 array; any integer dtype is accepted, anything else is a TypeError."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array of int64, got {type(array).__name__}")
+    if not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} must hold integers (int64), got dtype {array.dtype}")
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (batch, sequence), got shape {array.shape}")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+__all__ = [
+    "OnnxBackend", "OnnxCache", "onnx_path", "past_names", "present_names", "session_options", "load_session",
+    "ONNX_SUBDIR", "FP32_FILE_NAME", "INT8_FILE_NAME", "INPUT_NAMES", "LOGITS_NAME", "ONNX_FORMAT",
+    "ONNX_FORMAT_VERSION", "REQUIRED_METADATA",
+]
