@@ -1,0 +1,10 @@
+"""demo: the Gradio web demo of gpt-serve (`python -m demo`, `gpt-serve demo`, `make demo`).
+
+- `demo.app.build_demo(registry) -> gr.Blocks`: the app (loads nothing until asked).
+- `demo.generation`: request checking, the streaming generator with live stats, the yield throttle.
+- `demo.registry`: model names -> folders, each (model, backend) loaded once and shared.
+- `demo.attention`: per-head attention heat maps of the prompt (numpy colormap).
+- `demo.cli.main(argv)`: the command line.
+
+Importing the package imports nothing heavy; `demo.app` imports gradio.
+"""

@@ -1,0 +1,301 @@
+"""The Gradio app: `build_demo(registry) -> gr.Blocks`. Building loads no model; the first request (or the CLI's
+preload) does, once, and every later request shares it.
+
+Events:
+- `/generate` (public API, `gr.api`): a plain generator yielding the generated text so far; bad input raises
+  `gr.Error` with a message naming it.
+- The Generate button (UI only): the same stream, plus live stats; then (`.then`, so also after Stop) the
+  attention view of the prompt. The Stop button cancels the stream and the ladder comparison; Gradio closes the
+  generator, which ends the generation loop (see `demo.generation`).
+- Compare the ladder (UI only): the same prompt, seed and settings through every ladder stage, side by side.
+
+All generation events share one concurrency group of `concurrency` slots: many users stream at once instead of
+waiting in line behind Gradio's default limit of 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+
+import gradio as gr
+
+from .attention import prompt_attention, render_heads
+from .generation import (
+    Activity,
+    GenerationRequest,
+    Limits,
+    Progress,
+    clean_prompt,
+    parse_request,
+    stream_progress,
+    stream_side_by_side,
+    throttle,
+)
+from .registry import BACKENDS, LADDER_MODELS, DemoInputError, ModelRegistry
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PROMPT = "ROMEO:"
+DEFAULT_MAX_NEW_TOKENS = 300
+DEFAULT_TEMPERATURE = 0.8
+EXAMPLES = [
+    ["ROMEO:"],
+    ["JULIET:\nO Romeo, Romeo! wherefore art thou"],
+    ["First Citizen:\nBefore we proceed any further, hear me speak."],
+    ["KING RICHARD III:\nNow is the winter of our discontent"],
+    ["To be, or not to be"],
+]
+WINDOW_CHOICES = [
+    ("exact: the lesson's last block_size tokens (a full forward per token)", "exact"),
+    ("refill: restart the cache from the last block_size/2 tokens (faster)", "refill"),
+]
+CSS = "#output textarea, .ladder textarea {font-family: ui-monospace, SFMono-Regular, Menlo, monospace;}"
+INTRO = """# gpt-serve: the "Let's build GPT" model, live
+A character-level GPT trained on Tiny Shakespeare: one token per character. Type a prompt (a speaker's name and a
+colon works well), press **Generate** and watch it write; **Stop** stops the computation. Below: what its
+attention heads look at in your prompt, and the lesson's ladder of models side by side."""
+
+
+def format_stats(p: Progress, request: GenerationRequest) -> str:
+    ttft = "…" if p.time_to_first_token is None else f"{p.time_to_first_token * 1000:.0f} ms"
+    speed = "…" if p.tokens_per_second is None else f"{p.tokens_per_second:.0f}"
+    seed = f"{request.seed} (random)" if request.seed_was_random else str(request.seed)
+    return (
+        f"**{p.tokens}** / {request.max_new_tokens} tokens · **{speed}** tokens/s · first token **{ttft}** · "
+        f"{BACKENDS[request.backend]} · model `{request.model}` · seed {seed}"
+    )
+
+
+def _ladder_label(name: str) -> str:
+    """'A: one self-attention head' from the training presets when importable, else the name."""
+    stage = name.rsplit("-", 1)[-1].upper()
+    try:
+        from training.presets import PRESETS
+
+        return f"{stage}: {PRESETS[name].adds}"
+    except (ImportError, KeyError):
+        return f"{stage}: {name}"
+
+
+def build_demo(
+    registry: ModelRegistry | None = None,
+    *,
+    default_model: str | None = None,
+    default_backend: str = "torch",
+    limits: Limits | None = None,
+    stream_interval: float = 0.05,
+    concurrency: int = 16,
+    max_queue: int | None = 256,
+    activity: Activity | None = None,
+) -> gr.Blocks:
+    """The demo's Blocks, queue configured. Loads nothing.
+
+    Args:
+        registry: the models to serve (default: the shipped ones, `ModelRegistry.discover()`).
+        default_model: the model selected when the page opens (default: the shipped default if present).
+        default_backend: the backend selected when the page opens (`torch`, `onnx` or `onnx-int8`).
+        limits: the largest requests accepted.
+        stream_interval: the least time between two streamed updates, in seconds.
+        concurrency: how many generations run at once (more wait in the queue, up to `max_queue`).
+        activity: counters of running streams and generated tokens (tests and benchmarks read them).
+    """
+    registry = registry or ModelRegistry.discover()
+    limits = limits or Limits()
+    activity = activity or Activity()
+    model_value = registry.default_model(default_model)
+    stream_group = dict(concurrency_limit=concurrency, concurrency_id="generation")
+
+    def generate(
+        prompt: str,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        temperature: float = DEFAULT_TEMPERATURE,
+        top_k: int | None = None,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        backend: str = default_backend,
+        model: str = model_value,
+        window_mode: str = "exact",
+        unk_policy: str = "error",
+    ) -> Iterator[str]:
+        """Streams the continuation of `prompt` (the prompt not repeated): each result is the text so far.
+
+        temperature 0 is greedy; top_k None/0 and top_p 1 disable those filters; seed None/-1 is random;
+        backend is one of torch, onnx, onnx-int8; window_mode (past block_size) exact or refill;
+        unk_policy (characters outside the vocabulary) error, replace or drop.
+        """
+        try:
+            request = parse_request(
+                registry, limits, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                top_k=top_k, top_p=top_p, seed=seed, backend=backend, model=model, window_mode=window_mode,
+                unk_policy=unk_policy,
+            )
+            last = None
+            for p in throttle(stream_progress(registry, request, activity), stream_interval):
+                if p.text != last:
+                    last = p.text
+                    yield p.text
+        except DemoInputError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+        except Exception as e:  # a bug or a broken model file: this request fails, the server keeps serving
+            logger.exception("generation failed")
+            raise gr.Error(f"generation failed: {type(e).__name__}: {e}", print_exception=False) from None
+
+    def ui_generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, model, window_mode, replace):
+        try:
+            request = parse_request(
+                registry, limits, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                top_k=top_k, top_p=top_p, seed=seed, backend=backend, model=model, window_mode=window_mode,
+                unk_policy="replace" if replace else "error",
+            )
+            shown = clean_prompt(registry.vocab(request.model), request.prompt, request.unk_policy)
+            yield shown, "", "Generating…"
+            for p in throttle(stream_progress(registry, request, activity), stream_interval):
+                yield shown + p.text, format_stats(p, request), "Done." if p.done else "Generating…"
+        except DemoInputError as e:
+            gr.Warning(str(e))
+            yield gr.skip(), "", f"⚠️ {e}"
+        except Exception as e:
+            logger.exception("generation failed")
+            yield gr.skip(), "", f"⚠️ generation failed: {type(e).__name__}: {e}"
+
+    def ui_attention(prompt, model, replace, layer):
+        try:
+            name = registry.resolve_model(model)
+            vocab = registry.vocab(name)
+            torch_model = registry.torch_model(name)
+            text = clean_prompt(vocab, prompt or "", "replace" if replace else "error") if prompt else "\n"
+            weights = prompt_attention(torch_model, vocab.encode(text))  # (L, H, T, T)
+        except DemoInputError as e:
+            return None, None, gr.skip(), f"No attention view: {e}"
+        n_layer, n_head, T, _ = weights.shape
+        layer = layer if isinstance(layer, int) and 0 <= layer < n_layer else n_layer - 1
+        caption = (
+            f"Layer {layer} of {n_layer} · {n_head} heads · the last {T} prompt characters. Row t: how query "
+            f"position t spreads its attention over key positions 0..t (rows sum to 1; colour = √weight; grey = "
+            f"future positions, masked)."
+        )
+        layers = gr.Radio(choices=[(f"layer {i}", i) for i in range(n_layer)], value=layer)
+        return render_heads(weights[layer]), weights, layers, caption
+
+    def ui_layer(weights, layer):
+        if weights is None or not isinstance(layer, int) or not 0 <= layer < len(weights):
+            return gr.skip()
+        return render_heads(weights[layer])
+
+    def ui_model_info(model, backend):
+        try:
+            info = registry.info(model)
+        except DemoInputError as e:
+            return f"⚠️ {e}"
+        reason = registry.unavailable_reason(model, backend)
+        ready = f"⚠️ {reason}" if reason else f"{BACKENDS[backend]} ✓"
+        return (
+            f"`{model}`: {info['n_layer']} layers × {info['n_head']} heads, n_embd {info['n_embd']}, "
+            f"block_size {info['block_size']} · {ready}"
+        )
+
+    ladder = [n for n in LADDER_MODELS if n in registry.names]
+
+    def ui_compare(prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, window_mode, replace):
+        try:
+            base = parse_request(
+                registry, limits, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                top_k=top_k, top_p=top_p, seed=seed, backend=backend, model=model_value, window_mode=window_mode,
+                unk_policy="replace" if replace else "error",
+            )
+        except DemoInputError as e:
+            yield *[gr.skip()] * len(ladder), f"⚠️ {e}"
+            return
+        streams = []
+        for name in ladder:
+            reason = registry.unavailable_reason(name, base.backend)
+            request = dataclasses.replace(base, model=name)
+            streams.append(reason or stream_progress(registry, request, activity))
+        status = f"Same prompt, seed {base.seed} and settings through every stage."
+        for texts in stream_side_by_side(streams, stream_interval):
+            yield *texts, status
+
+    with gr.Blocks(title="gpt-serve: Let's build GPT", analytics_enabled=False) as demo:
+        gr.Markdown(INTRO)
+        with gr.Row():
+            with gr.Column(scale=2):
+                prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=4, elem_id="prompt")
+                with gr.Row():
+                    generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+                gr.Examples(EXAMPLES, inputs=[prompt], label="Examples")
+                with gr.Accordion("Sampling", open=True):
+                    max_new_tokens = gr.Slider(
+                        1, limits.max_new_tokens, DEFAULT_MAX_NEW_TOKENS, step=1, label="Max new tokens",
+                        elem_id="max-new-tokens",
+                    )
+                    temperature = gr.Slider(0, 2, DEFAULT_TEMPERATURE, step=0.05, label="Temperature (0 = greedy)")
+                    top_k = gr.Slider(0, 100, 0, step=1, label="Top-k (0 = off)")
+                    top_p = gr.Slider(0.01, 1, 1.0, step=0.01, label="Top-p (1 = off)")
+                    seed = gr.Number(-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
+                    window_mode = gr.Radio(WINDOW_CHOICES, value="exact", label="Past block_size")
+                    replace = gr.Checkbox(False, label="Replace unknown characters with a space")
+            with gr.Column(scale=3):
+                with gr.Row():
+                    model = gr.Dropdown(
+                        [(n if n in registry.available else f"{n} (not available)", n) for n in registry.names],
+                        value=model_value, label="Model", elem_id="model",
+                    )
+                    backend = gr.Dropdown(
+                        [(label, key) for key, label in BACKENDS.items()], value=default_backend, label="Backend",
+                        elem_id="backend",
+                    )
+                model_info = gr.Markdown(elem_id="model-info")
+                output = gr.Textbox(
+                    label="Output", lines=16, max_lines=28, interactive=False, autoscroll=True, elem_id="output",
+                    buttons=["copy"],
+                )
+                stats = gr.Markdown(elem_id="stats")
+                status = gr.Markdown(elem_id="status")
+        with gr.Accordion("Attention: what each head looks at in the prompt", open=True):
+            layer = gr.Radio([("layer 0", 0)], value=0, label="Layer", elem_id="layer")
+            heatmap = gr.Image(
+                label="Attention heat maps (query position ↓ × key position →)", type="numpy", format="png",
+                interactive=False, elem_id="attention", buttons=["download", "fullscreen"],
+            )
+            attention_caption = gr.Markdown(elem_id="attention-caption")
+            attention_state = gr.State(None)
+        with gr.Accordion("Compare the ladder: what each lesson component buys", open=False):
+            gr.Markdown(
+                "Runs the prompt, seed and sampling settings above through every stage of the lesson's ladder "
+                "(A–E), side by side. Set a seed to make it repeatable."
+            )
+            compare_btn = gr.Button("Compare the ladder", elem_id="compare-btn")
+            with gr.Row():
+                ladder_outputs = [
+                    gr.Textbox(label=_ladder_label(n), lines=12, interactive=False, elem_classes="ladder",
+                               elem_id=f"compare-{n}")
+                    for n in ladder
+                ]
+            compare_status = gr.Markdown()
+
+        sampling = [max_new_tokens, temperature, top_k, top_p, seed]
+        gen_event = generate_btn.click(
+            ui_generate, [prompt, *sampling, backend, model, window_mode, replace], [output, stats, status],
+            api_visibility="private", **stream_group,
+        )
+        gen_event.then(
+            ui_attention, [prompt, model, replace, layer], [heatmap, attention_state, layer, attention_caption],
+            api_visibility="private", concurrency_limit=concurrency, concurrency_id="attention",
+        )
+        layer.input(ui_layer, [attention_state, layer], heatmap, api_visibility="private", queue=False)
+        compare_event = compare_btn.click(
+            ui_compare, [prompt, *sampling, backend, window_mode, replace], [*ladder_outputs, compare_status],
+            api_visibility="private", **stream_group,
+        )
+        stop_btn.click(lambda: "Stopped.", None, status, cancels=[gen_event, compare_event], queue=False,
+                       api_visibility="private")
+        for trigger in (model.change, backend.change, demo.load):
+            trigger(ui_model_info, [model, backend], model_info, api_visibility="private", queue=False)
+        gr.api(generate, api_name="generate", **stream_group)
+    demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
+    demo.activity = activity  # the counters, for tests and benchmarks
+    demo.registry = registry
+    return demo

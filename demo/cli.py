@@ -1,0 +1,128 @@
+"""The demo's command line: `python -m demo [flags]` (also `gpt-serve demo` and `make demo`).
+
+    python -m demo                                  # the shipped models, http://127.0.0.1:7860
+    python -m demo --model-dir runs/my-model        # add a model folder (NAME=PATH to name it)
+    python -m demo --host 0.0.0.0 --port 8080       # serve other machines too (opt-in)
+    python -m demo --share                          # and a public gradio.live link (opt-in, needs internet)
+
+It loads and warms up the default model before serving, so the first visitor gets no loading delay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from gpt_serve.models import MODELS_DIR
+
+from .registry import BACKENDS
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be a TCP port in [1, 65535], got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m demo", description="Launch the gpt-serve web demo (Gradio).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to bind: 127.0.0.1 serves this machine only; 0.0.0.0 serves every interface")
+    p.add_argument("--port", type=_port, default=7860)
+    p.add_argument("--share", action="store_true", help="also open a public *.gradio.live link (needs internet)")
+    p.add_argument("--model", default=None, help="model selected when the page opens (default: shakespeare)")
+    p.add_argument("--model-dir", action="append", default=[], metavar="[NAME=]PATH",
+                   help="add a model folder (a save_pretrained folder); repeat for more")
+    p.add_argument("--models-root", default=str(MODELS_DIR), help="folder whose sub-folders are the named models")
+    p.add_argument("--backend", choices=list(BACKENDS), default="torch", help="backend selected when the page opens")
+    p.add_argument("--threads", type=_positive_int, default=1,
+                   help="threads per forward pass (PyTorch and ONNX Runtime); 1 suits many concurrent users")
+    p.add_argument("--concurrency", type=_positive_int, default=16, help="generations running at once")
+    p.add_argument("--max-new-tokens-limit", type=_positive_int, default=2000,
+                   help="the largest max_new_tokens a request may ask for")
+    p.add_argument("--stream-interval", type=float, default=0.05, help="least seconds between streamed updates")
+    p.add_argument("--no-preload", action="store_true", help="load models on first use instead of at startup")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def preload(registry, model: str, backend: str) -> str:
+    """Loads (model, backend) and the attention model, and runs a few tokens through both; returns a summary."""
+    from gpt_serve.engine import generate_text
+
+    from .attention import prompt_attention
+
+    start = time.perf_counter()
+    reason = registry.unavailable_reason(model, backend)
+    if reason:
+        return f"not preloaded: {reason}"
+    loaded = registry.backend(model, backend)
+    generate_text(loaded.backend, loaded.vocab, loaded.vocab.chars[0], 8, seed=0)  # warm-up: first calls allocate
+    try:
+        prompt_attention(registry.torch_model(model), [0, 1])
+    except ImportError:
+        pass
+    return f"{model}/{backend} loaded and warmed up in {time.perf_counter() - start:.2f} s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home unless the user asks for them
+    try:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        print("demo: torch is not installed: only the ONNX Runtime backends work, without the attention view",
+              file=sys.stderr)
+    from .app import CSS, build_demo
+    from .generation import Limits
+    from .registry import ModelRegistry
+
+    try:
+        registry = ModelRegistry.discover(args.model_dir, args.models_root, threads=args.threads)
+        default_model = registry.default_model(args.model)
+    except ValueError as e:
+        print(f"demo: error: {e}", file=sys.stderr)
+        return 2
+    print(f"demo: models {registry.available or 'none'} (listed but missing: "
+          f"{[n for n in registry.names if n not in registry.available] or 'none'})")
+    if not args.no_preload:
+        print(f"demo: {preload(registry, default_model, args.backend)}")
+    demo = build_demo(
+        registry, default_model=default_model, default_backend=args.backend,
+        limits=Limits(max_new_tokens=args.max_new_tokens_limit), stream_interval=args.stream_interval,
+        concurrency=args.concurrency,
+    )
+    try:
+        demo.launch(
+            server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
+            max_threads=max(40, 2 * args.concurrency + 8), css=CSS, ssr_mode=False,
+        )
+    except OSError as e:
+        print(f"demo: error: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
+    print(f"demo: ready in {time.perf_counter() - started:.1f} s (Ctrl+C stops it)")
+    try:
+        demo.block_thread()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        demo.close()
+    return 0

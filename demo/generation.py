@@ -1,0 +1,265 @@
+"""What one generation request is, checked; the stream it produces, with live stats; and the yield throttle.
+
+Everything here is plain Python generators over `gpt_serve.engine.stream_text`, testable without Gradio:
+
+    request = parse_request(registry, Limits(), prompt="ROMEO:", max_new_tokens=200, ...)
+    for progress in throttle(stream_progress(registry, request), interval=0.05):
+        print(progress.text, progress.tokens, progress.tokens_per_second)
+
+The compute happens only inside `next()`: when a consumer stops iterating (Stop, a client that went away), the
+engine does no further forward pass, and closing the generator (`GeneratorExit`, as Gradio does) closes the
+engine's generator in `finally:` and marks the stream finished in `Activity`.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpt_serve.engine import WINDOW_MODES, stream_text
+from gpt_serve.vocab import UNK_POLICIES
+
+from .registry import DemoInputError, ModelRegistry, resolve_backend
+
+MAX_SEED = 2**32 - 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; beyond these the demo answers with an error instead of working for minutes."""
+
+    max_new_tokens: int = 2000
+    max_prompt_chars: int = 10_000
+    max_temperature: float = 10.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A checked request: every field is in range and of the right type."""
+
+    prompt: str
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    top_p: float
+    seed: int
+    seed_was_random: bool
+    backend: str
+    model: str
+    window_mode: str = "exact"
+    unk_policy: str = "error"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The state of a stream after a token: the text generated so far (the prompt not included) and timings."""
+
+    text: str
+    tokens: int
+    time_to_first_token: float | None  # seconds from the request to the first token
+    elapsed: float  # seconds since the request
+    decode_seconds: float  # seconds from the first token to the latest one
+    done: bool = False
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Decode speed: tokens after the first, per second after the first (None until there are two)."""
+        if self.tokens < 2 or self.decode_seconds <= 0:
+            return None
+        return (self.tokens - 1) / self.decode_seconds
+
+
+class Activity:
+    """Counts of live and finished streams and of tokens generated, shared by all requests (thread-safe).
+
+    `active` is the number of generation loops running now; `tokens` grows by one per forward pass, so a test (or
+    an operator) can see that a stopped stream really stopped computing.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.active = self.started = self.finished = self.tokens = 0
+
+    def begin(self) -> None:
+        with self._lock:
+            self.active += 1
+            self.started += 1
+
+    def token(self) -> None:
+        with self._lock:
+            self.tokens += 1
+
+    def end(self) -> None:
+        with self._lock:
+            self.active -= 1
+            self.finished += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(active=self.active, started=self.started, finished=self.finished, tokens=self.tokens)
+
+
+def _integer(name: str, value, lo: int, hi: int, hint: str = "") -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise DemoInputError(f"{name} must be an integer in [{lo}, {hi}]{hint}, got {value!r}")
+    if isinstance(value, (float, np.floating)) and not (math.isfinite(value) and float(value).is_integer()):
+        raise DemoInputError(f"{name} must be a whole number in [{lo}, {hi}]{hint}, got {value!r}")
+    if not lo <= value <= hi:
+        raise DemoInputError(f"{name} must be in [{lo}, {hi}]{hint}, got {value!r}")
+    return int(value)
+
+
+def _number(name: str, value, lo: float, hi: float, lo_open: bool = False, hint: str = "") -> float:
+    interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise DemoInputError(f"{name} must be a number in {interval}{hint}, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < lo or value > hi or (lo_open and value == lo):
+        raise DemoInputError(f"{name} must be in {interval}{hint}, got {value!r}")
+    return value
+
+
+def parse_request(
+    registry: ModelRegistry,
+    limits: Limits,
+    *,
+    prompt,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    backend,
+    model,
+    window_mode="exact",
+    unk_policy="error",
+) -> GenerationRequest:
+    """Checks what a user (UI or API) sent; raises `DemoInputError` with a message naming the bad value and what
+    would be accepted. `seed` None or -1 draws a random seed (reported back in the request); `top_k` None or 0
+    means no limit. Does not load any model."""
+    if not isinstance(prompt, str):
+        raise DemoInputError(f"prompt must be text, got {type(prompt).__name__}")
+    if not prompt:
+        raise DemoInputError(
+            "the prompt is empty: type at least one character, e.g. a speaker's name and a colon such as 'ROMEO:' "
+            "(a single newline starts the text from scratch, as the lesson does)"
+        )
+    if len(prompt) > limits.max_prompt_chars:
+        raise DemoInputError(
+            f"the prompt is {len(prompt)} characters long; the limit is {limits.max_prompt_chars} "
+            f"(the model only reads the last block_size characters anyway)"
+        )
+    max_new_tokens = _integer("max_new_tokens", max_new_tokens, 1, limits.max_new_tokens)
+    temperature = _number("temperature", temperature, 0.0, limits.max_temperature, hint=" (0 = greedy)")
+    top_k = None if top_k is None else _integer("top_k", top_k, 0, 1_000_000, hint=" (0 = no limit)") or None
+    top_p = _number("top_p", top_p, 0.0, 1.0, lo_open=True)
+    seed_was_random = seed is None or (not isinstance(seed, (bool, str)) and seed == -1)
+    if seed_was_random:
+        seed = secrets.randbelow(2**31)
+    else:
+        seed = _integer("seed", seed, 0, MAX_SEED, hint=" (-1 = random)")
+    backend = resolve_backend(backend)
+    model = registry.resolve_model(model)
+    if window_mode not in WINDOW_MODES:
+        raise DemoInputError(f"window_mode must be one of {list(WINDOW_MODES)}, got {window_mode!r}")
+    if unk_policy not in UNK_POLICIES:
+        raise DemoInputError(f"unk_policy must be one of {list(UNK_POLICIES)}, got {unk_policy!r}")
+    return GenerationRequest(
+        prompt, max_new_tokens, temperature, top_k, top_p, seed, seed_was_random, backend, model, window_mode,
+        unk_policy,
+    )
+
+
+def clean_prompt(vocab, prompt: str, unk_policy: str) -> str:
+    """The prompt with unknown characters handled; DemoInputError naming them (and the opt-in) otherwise."""
+    unknown = vocab.unknown(prompt)
+    if unknown and unk_policy == "error":
+        shown = ", ".join(f"{c!r} (position {i})" for i, c in unknown[:10])
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        raise DemoInputError(
+            f"the prompt has {len(unknown)} character(s) outside this model's vocabulary: {shown}{more}. Remove "
+            f"them, or opt in to replacing them with a space ('Replace unknown characters'; unk_policy='replace' "
+            f"in the API)"
+        )
+    cleaned = vocab.clean(prompt, unk_policy)
+    if not cleaned:
+        raise DemoInputError("the prompt has no character left once the unknown ones are dropped")
+    return cleaned
+
+
+def stream_progress(
+    registry: ModelRegistry,
+    request: GenerationRequest,
+    activity: Activity | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[Progress]:
+    """One `Progress` per generated token, then a last one with `done=True`. Loads the backend on first use."""
+    start = clock()
+    loaded = registry.backend(request.model, request.backend)
+    prompt = clean_prompt(loaded.vocab, request.prompt, request.unk_policy)
+    pieces = stream_text(
+        loaded.backend, loaded.vocab, prompt, request.max_new_tokens, temperature=request.temperature,
+        top_k=request.top_k, top_p=request.top_p, seed=request.seed, window_mode=request.window_mode,
+    )
+    activity = activity or Activity()
+    activity.begin()
+    text, first_at, now = "", None, start
+    try:
+        for piece in pieces:
+            now = clock()
+            first_at = now if first_at is None else first_at
+            text += piece
+            activity.token()
+            yield Progress(text, len(text), first_at - start, now - start, now - first_at)
+        ttft = None if first_at is None else first_at - start
+        yield Progress(text, len(text), ttft, clock() - start, now - (first_at or now), done=True)
+    finally:
+        pieces.close()
+        activity.end()
+
+
+def throttle(progress: Iterator[Progress], interval: float, clock: Callable[[], float] = time.perf_counter):
+    """The first `Progress`, then at most one every `interval` seconds (the latest), and always the final one.
+
+    Browsers fall behind yields much faster than ~20/s; the skipped states are superseded by the next one.
+    """
+    last = None
+    for p in progress:
+        now = clock()
+        if p.done or last is None or now - last >= interval:
+            last = now
+            yield p
+
+
+def stream_side_by_side(streams: Sequence[Iterator[Progress] | str], interval: float) -> Iterator[list[str]]:
+    """Advances several streams one token each in turn; yields all their texts (throttled) until every one ends.
+
+    A `str` in `streams` is a message shown in place of a stream (e.g. why that model is unavailable); a stream
+    that fails shows its error message after the text it produced.
+    """
+    texts = [s if isinstance(s, str) else "" for s in streams]
+    live = {i: s for i, s in enumerate(streams) if not isinstance(s, str)}
+    last = None
+    try:
+        while live:
+            for i in list(live):
+                try:
+                    texts[i] = next(live[i]).text
+                except StopIteration:
+                    del live[i]
+                except (ValueError, TypeError) as e:
+                    texts[i] = f"{texts[i]}\n[{e}]".lstrip("\n")
+                    del live[i]
+            now = time.perf_counter()
+            if not live or last is None or now - last >= interval:
+                last = now
+                yield list(texts)
+    finally:
+        for s in live.values():
+            s.close()

@@ -1,0 +1,254 @@
+"""The demo's models: which names exist, where their folders are, and each backend loaded once and shared.
+
+A `ModelRegistry` maps model names to folders (or to None: a model the demo expects, such as a ladder stage that
+has not been trained yet, so the UI can list it and say why it is missing). Nothing is loaded until asked for;
+then every (model, backend) pair is loaded exactly once, under a lock, and shared by all requests and threads:
+`TorchBackend` and `OnnxBackend` keep no per-request state (the KV cache travels with each generation).
+torch and onnxruntime are imported only by the backend that needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpt_serve.models import DEFAULT_MODEL, MODELS_DIR
+from gpt_serve.vocab import VOCAB_FILE_NAME, CharVocab
+
+logger = logging.getLogger(__name__)
+
+# key -> label. The keys are those of `gpt-serve generate --backend`; the labels are what the UI shows.
+BACKENDS = {"torch": "PyTorch", "onnx": "ONNX Runtime fp32", "onnx-int8": "ONNX Runtime int8"}
+_BACKEND_ALIASES = {"pytorch": "torch", "onnx-fp32": "onnx", "onnxruntime": "onnx", "fp32": "onnx", "int8": "onnx-int8"}
+LADDER_MODELS = ("ladder-a", "ladder-b", "ladder-c", "ladder-d", "ladder-e")
+EXPECTED_MODELS = (DEFAULT_MODEL, *LADDER_MODELS)
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class DemoInputError(ValueError):
+    """A request the demo refuses, with a message meant for the person who sent it."""
+
+
+class ModelUnavailable(DemoInputError):
+    """The model or backend exists as a choice but cannot be served (not trained, not exported, not installed)."""
+
+
+@dataclass(frozen=True)
+class LoadedBackend:
+    """A backend ready for `gpt_serve.engine.stream_text`, with the vocabulary of its model folder."""
+
+    backend: Any
+    vocab: CharVocab
+    block_size: int
+    load_seconds: float
+
+
+def resolve_backend(value: Any) -> str:
+    """A backend key from a key, an alias or a UI label (case-insensitive); DemoInputError otherwise."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        for key, label in BACKENDS.items():
+            if text in (key, label.lower()):
+                return key
+        if text in _BACKEND_ALIASES:
+            return _BACKEND_ALIASES[text]
+    choices = ", ".join(f"{k!r} ({v})" for k, v in BACKENDS.items())
+    raise DemoInputError(f"unknown backend {value!r}: choose one of {choices}")
+
+
+def parse_model_dir(spec: str) -> tuple[str, Path]:
+    """`NAME=PATH` or `PATH` (named after the folder) -> (name, folder), checking the folder holds a model."""
+    name, sep, path = spec.partition("=")
+    if not sep or not _NAME_RE.match(name):
+        name, path = Path(spec).name, spec
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"--model-dir {spec!r}: {folder} is not a model folder (no config.json in it)")
+    if not _NAME_RE.match(name):
+        raise ValueError(f"--model-dir {spec!r}: cannot name a model {name!r}; write NAME=PATH")
+    return name, folder
+
+
+class ModelRegistry:
+    """Model names -> folders, and the loaded backends, shared.
+
+    Args:
+        folders: name -> model folder, or None for a model the demo lists but does not have.
+        threads: intra-op threads of each ONNX Runtime session (None: ONNX Runtime's default). PyTorch's thread
+            count is process-wide; the application sets it (`torch.set_num_threads`).
+        models_root: where models named without a folder were looked for (for error messages).
+    """
+
+    def __init__(
+        self, folders: Mapping[str, str | Path | None], threads: int | None = 1, models_root: str | Path = MODELS_DIR
+    ):
+        if not folders:
+            raise ValueError("a ModelRegistry needs at least one model name")
+        self.folders = {name: (Path(f) if f is not None else None) for name, f in folders.items()}
+        self.threads = threads
+        self.models_root = Path(models_root)  # where a missing named model was looked for
+        self._loaded: dict[tuple[str, str], Any] = {}
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    @classmethod
+    def discover(
+        cls,
+        model_dirs: Iterable[str] = (),
+        models_root: str | Path | None = MODELS_DIR,
+        expected: Iterable[str] = EXPECTED_MODELS,
+        threads: int | None = 1,
+    ) -> ModelRegistry:
+        """The models under `models_root` (folders holding a config.json), then `expected` names that are missing
+        (listed as unavailable), then the `model_dirs` (`NAME=PATH` or `PATH`), which win on a name clash."""
+        folders: dict[str, Path | None] = {}
+        root = Path(models_root) if models_root is not None else None
+        if root is not None:
+            if not root.is_dir():
+                raise ValueError(f"--models-root {root} is not a directory")
+            for sub in sorted(root.iterdir()):
+                if (sub / "config.json").is_file():
+                    folders[sub.name] = sub
+        for name in expected:
+            folders.setdefault(name, None)
+        for spec in model_dirs:
+            name, folder = parse_model_dir(spec)
+            folders[name] = folder
+        order = {name: i for i, name in enumerate(EXPECTED_MODELS)}
+        names = sorted(folders, key=lambda n: (order.get(n, len(order)), n))
+        return cls({n: folders[n] for n in names}, threads=threads, models_root=root or MODELS_DIR)
+
+    # ---- names and availability (never loads anything) ----
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.folders)
+
+    @property
+    def available(self) -> list[str]:
+        return [n for n, f in self.folders.items() if f is not None and (f / "config.json").is_file()]
+
+    def default_model(self, preferred: str | None = None) -> str:
+        """`preferred` if given, else the shipped default if present, else the first model present."""
+        if preferred is not None:
+            self.folder(preferred)  # raises a clear error for an unknown or missing name
+            return preferred
+        if DEFAULT_MODEL in self.available:
+            return DEFAULT_MODEL
+        return (self.available or self.names)[0]
+
+    def resolve_model(self, name: Any) -> str:
+        if not isinstance(name, str) or name.strip() not in self.folders:
+            raise DemoInputError(f"unknown model {name!r}: choose one of {self.names}")
+        return name.strip()
+
+    def folder(self, name: Any) -> Path:
+        """The folder of a model; DemoInputError for an unknown name, ModelUnavailable for a missing folder."""
+        name = self.resolve_model(name)
+        folder = self.folders[name]
+        if folder is None or not (folder / "config.json").is_file():
+            where = folder if folder is not None else self.models_root / name
+            hint = " (the ladder models are trained by `python -m training.ladder`)" if name in LADDER_MODELS else ""
+            raise ModelUnavailable(
+                f"model {name!r} is not available on this server: no model folder at {where}{hint}. "
+                f"Available: {self.available or 'none'}"
+            )
+        return folder
+
+    def unavailable_reason(self, name: str, backend: str) -> str | None:
+        """Why (model, backend) cannot be served, or None if it looks servable; cheap (file checks only)."""
+        try:
+            folder = self.folder(name)
+            key = resolve_backend(backend)
+        except DemoInputError as e:
+            return str(e)
+        if key != "torch":
+            try:
+                from gpt_serve.onnx_backend import onnx_path
+            except ImportError as e:
+                return (
+                    f"{BACKENDS[key]} is not available on this server: cannot import gpt_serve.onnx_backend ({e}); "
+                    f"install onnxruntime (pip install 'gpt-serve[onnx]')"
+                )
+            path = onnx_path(folder, quantized=key == "onnx-int8")
+            if not path.is_file():
+                return (
+                    f"{BACKENDS[key]} is not available for model {name!r}: {path} is missing; "
+                    f"export it with `python -m export {folder}`"
+                )
+        return None
+
+    def info(self, name: str) -> dict[str, Any]:
+        """What the UI shows about a model: its config's architecture numbers (read from config.json)."""
+        folder = self.folder(name)
+        with open(folder / "config.json", encoding="utf-8") as f:
+            config = json.load(f)
+        keys = ("block_size", "n_embd", "n_head", "n_layer", "vocab_size")
+        return {k: config.get(k) for k in keys}
+
+    # ---- loading (once per key, shared) ----
+
+    def _load_once(self, key: tuple[str, str], load):
+        if key in self._loaded:
+            return self._loaded[key]
+        with self._locks_lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._loaded:
+                start = time.perf_counter()
+                self._loaded[key] = load()
+                logger.info("loaded %s/%s in %.2f s", *key, time.perf_counter() - start)
+            return self._loaded[key]
+
+    def vocab(self, name: str) -> CharVocab:
+        folder = self.folder(name)
+        return self._load_once((name, "vocab"), lambda: CharVocab.from_file(folder / VOCAB_FILE_NAME))
+
+    def torch_model(self, name: str):
+        """The model folder's `CharGPTForCausalLM` in eval mode (also used for the attention view)."""
+        folder = self.folder(name)
+
+        def load():
+            from gpt_serve import CharGPTForCausalLM
+
+            return CharGPTForCausalLM.from_pretrained(folder).eval()
+
+        return self._load_once((name, "torch-model"), load)
+
+    def backend(self, name: str, backend: str) -> LoadedBackend:
+        """The shared backend for (model, backend), loaded on first use; ModelUnavailable when it cannot be."""
+        key = resolve_backend(backend)
+        if (name, key) in self._loaded:  # the hot path: no file checks per request
+            return self._loaded[(name, key)]
+        reason = self.unavailable_reason(name, key)
+        if reason:
+            raise ModelUnavailable(reason)
+        folder = self.folder(name)
+        return self._load_once((name, key), lambda: self._load_backend(name, folder, key))
+
+    def _load_backend(self, name: str, folder: Path, key: str) -> LoadedBackend:
+        start = time.perf_counter()
+        if key == "torch":
+            from gpt_serve.torch_backend import TorchBackend
+
+            backend = TorchBackend(self.torch_model(name))
+            vocab = self.vocab(name)
+        else:
+            from gpt_serve.onnx_backend import OnnxBackend  # importable: unavailable_reason checked
+
+            try:
+                backend = OnnxBackend(folder, quantized=key == "onnx-int8", threads=self.threads)
+            except (FileNotFoundError, ValueError) as e:
+                raise ModelUnavailable(f"{BACKENDS[key]} cannot serve model {name!r}: {e}") from None
+            vocab = backend.vocab
+        return LoadedBackend(backend, vocab, int(backend.block_size), time.perf_counter() - start)
+
+    def is_loaded(self, name: str, backend: str) -> bool:
+        return (name, resolve_backend(backend)) in self._loaded
