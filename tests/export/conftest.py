@@ -1,0 +1,38 @@
+"""Fixtures of the export tests: a tiny model folder exported once per session (fp32 + int8), one thread each."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def copy_model_dir(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory, tiny_model_dir, corpus):
+    """(folder, report) of the tiny model (tests/conftest.py's `make_tiny_model()`) exported with validation."""
+    from export import export_model
+
+    folder = copy_model_dir(tiny_model_dir, tmp_path_factory.mktemp("exported") / "tiny")
+    report = export_model(folder, text=corpus, text_source="tinyshakespeare.txt", threads=1, val_tokens=2048)
+    return folder, report
+
+
+@pytest.fixture(scope="session")
+def exported_dir(exported) -> Path:
+    return exported[0]

@@ -1,0 +1,151 @@
+"""The exporter: graph layout and metadata, self-validation (and that it can fail), the CLI and the model card."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from export import OPSET, export_model
+from export.cli import main
+from export.report import CARD_BEGIN, CARD_END, card_section, update_model_card
+from export.validate import compare_with_torch
+from gpt_serve.onnx_backend import load_session, onnx_path, past_names, present_names
+from gpt_serve.vocab import CharVocab
+from tests.conftest import make_tiny_model
+from tests.export.conftest import copy_model_dir
+
+
+def test_export_of_tiny_model_passes_its_own_validation(exported):
+    folder, report = exported
+    assert report.passed, report.failures
+    assert report.installed
+    assert report.checker == {"fp32": "ok", "int8": "ok"}
+    fp32 = report.parity["fp32"]
+    assert fp32.names_ok and not fp32.shape_errors
+    assert fp32.batch_lengths == [12, 6, 1]  # left-padded rows
+    assert fp32.decode_steps == 4
+    assert fp32.max_abs_logits <= 1e-4 and fp32.max_abs_cache <= 1e-4
+    assert report.val_loss is not None and report.val_loss.tokens >= 2000
+    assert abs(report.val_loss.increase) < 0.05  # a random tiny model: int8 changes almost nothing
+    for quantized in (False, True):
+        assert onnx_path(folder, quantized).is_file()
+    assert set(report.files) == {"onnx/model.onnx", "onnx/model_quantized.onnx"}
+    assert report.files["onnx/model_quantized.onnx"] < report.files["onnx/model.onnx"]
+    assert not [p for p in folder.iterdir() if p.name.startswith(".onnx-export-")]  # no work folder left
+
+
+def _dims(value_info) -> list:
+    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_graph_io_names_dims_opset_and_metadata(exported_dir, quantized):
+    proto = onnx.load(str(onnx_path(exported_dir, quantized)), load_external_data=False)
+    config = make_tiny_model().config
+    H, hs = config.n_head, config.head_size
+    inputs = {i.name: _dims(i) for i in proto.graph.input}
+    outputs = {o.name: _dims(o) for o in proto.graph.output}
+    assert list(inputs) == ["input_ids", "attention_mask", "position_ids", *past_names(2)]
+    assert list(outputs) == ["logits", *present_names(2)]
+    assert inputs["input_ids"] == inputs["position_ids"] == ["batch_size", "sequence_length"]
+    assert inputs["attention_mask"] == ["batch_size", "past_sequence_length + sequence_length"]
+    assert inputs["past_key_values.1.value"] == ["batch_size", H, "past_sequence_length", hs]
+    assert outputs["logits"] == ["batch_size", "sequence_length", 65]
+    assert outputs["present.0.key"] == ["batch_size", H, "past_sequence_length + sequence_length", hs]
+    assert {o.domain: o.version for o in proto.opset_import}[""] == OPSET == 17
+    meta = {p.key: p.value for p in proto.metadata_props}
+    vocab = CharVocab.from_file(exported_dir / "vocab.json")
+    assert meta["block_size"] == "16" and meta["vocab_size"] == "65"
+    assert meta["vocab_sha256"] == vocab.sha256
+    assert meta["exporter_version"].startswith("gpt_serve.export ")
+    assert meta["weights"] == ("int8" if quantized else "fp32")
+
+
+def test_validation_catches_a_graph_that_differs_from_the_model(exported_dir):
+    session = load_session(onnx_path(exported_dir), threads=1)
+    same = compare_with_torch(make_tiny_model(seed=0), session)
+    other = compare_with_torch(make_tiny_model(seed=1), session)  # same architecture, other weights
+    assert same.max_abs_logits <= 1e-4
+    assert other.names_ok and not other.shape_errors
+    assert other.max_abs_logits > 1e-2
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(n_head=1, n_layer=1, attn_proj=False, ffwd_mult=0, residual=False, layer_norm=False),  # ladder A
+        dict(n_layer=1, ffwd_mult=1, ffwd_proj=False, residual=False, layer_norm=False, bias=False),  # ladder C
+        dict(block_size=8, n_layer=3, init="pytorch"),  # ladder E's shape, a short window
+    ],
+    ids=["ladder-a", "ladder-c", "block-8"],
+)
+def test_export_validates_every_ladder_variant(tmp_path, tokenizer, corpus, overrides):
+    folder = tmp_path / "model"
+    make_tiny_model(seed=3, **overrides).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    report = export_model(folder, text=corpus, threads=1, val_tokens=1024)
+    assert report.passed, report.failures
+    assert report.parity["fp32"].max_abs_logits <= 1e-4
+
+
+def test_fp32_only_export(tmp_path, tiny_model_dir):
+    folder = copy_model_dir(tiny_model_dir, tmp_path / "m")
+    report = export_model(folder, quantize=False, threads=1)
+    assert report.passed and report.val_loss is None and "int8" not in report.parity
+    assert onnx_path(folder).is_file() and not onnx_path(folder, quantized=True).exists()
+    with pytest.raises(ValueError, match="validation text"):
+        export_model(folder, quantize=True)
+
+
+def test_cli_exports_prints_report_and_writes_model_card(tmp_path, tiny_model_dir, data_path, capsys):
+    folder = copy_model_dir(tiny_model_dir, tmp_path / "m")
+    (folder / "README.md").write_text("# My model\n\nTrained on Shakespeare.\n", encoding="utf-8")
+    argv = [str(folder), "--data", str(data_path), "--threads", "1", "--val-tokens", "1024"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "max |Δlogits|" in out and "int8 val loss" in out
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    assert card.startswith("# My model\n\nTrained on Shakespeare.\n")
+    assert card.count(CARD_BEGIN) == 1 and card.count(CARD_END) == 1
+    assert "onnx/model_quantized.onnx" in card and "python -m export" in card
+
+    assert main(argv) == 0  # a second export replaces the section instead of appending another
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    assert card.count(CARD_BEGIN) == 1 and card.startswith("# My model\n\nTrained on Shakespeare.\n")
+
+
+def test_cli_fails_above_the_int8_threshold_and_writes_nothing(tmp_path, tiny_model_dir, data_path, capsys):
+    folder = copy_model_dir(tiny_model_dir, tmp_path / "m")
+    # Any int8 change (even an improvement smaller than 1 nat) exceeds a limit of -1.
+    argv = [str(folder), "--data", str(data_path), "--threads", "1", "--val-tokens", "1024",
+            "--max-int8-loss-increase", "-1"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "int8 raises the validation loss" in out
+    assert not (folder / "onnx").exists()
+    assert not (folder / "README.md").exists()
+    assert not [p for p in folder.iterdir() if p.name.startswith(".onnx-export-")]
+
+
+def test_cli_usage_errors(tmp_path, capsys):
+    assert main([str(tmp_path / "missing"), "--no-quantize"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    assert main([str(tmp_path), "--data", str(tmp_path / "nope.txt")]) == 2
+    assert "--data" in capsys.readouterr().err
+    assert main(["--decode-steps", "0"]) == 2
+
+
+def test_model_card_update_keeps_the_rest(tmp_path, exported):
+    _, report = exported
+    readme = tmp_path / "README.md"
+    readme.write_text("# Title\n\nIntro.\n\n## Training\n\nDetails.\n", encoding="utf-8")
+    update_model_card(tmp_path, card_section(report, "python -m export X"))
+    first = readme.read_text(encoding="utf-8")
+    readme.write_text(first + "\n## Later section\n\nKept.\n", encoding="utf-8")
+    update_model_card(tmp_path, card_section(report, "python -m export Y"))
+    text = readme.read_text(encoding="utf-8")
+    assert text.startswith("# Title\n\nIntro.\n\n## Training\n\nDetails.\n")
+    assert text.count("## ONNX") == 1 and "python -m export Y" in text and "python -m export X" not in text
+    assert text.rstrip().endswith("## Later section\n\nKept.")
+    assert np.isfinite(report.val_loss.int8)

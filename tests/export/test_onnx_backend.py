@@ -1,0 +1,231 @@
+"""OnnxBackend: the same tokens as the PyTorch backend through the shared engine, and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from gpt_serve.engine import generate_tokens, stream_text
+from gpt_serve.models import list_models, model_path
+from gpt_serve.onnx_backend import OnnxBackend, onnx_path
+from gpt_serve.sampling import SamplingParams
+from gpt_serve.torch_backend import TorchBackend, full_recompute_generate
+from tests.conftest import make_tiny_model
+from tests.export.conftest import copy_model_dir
+
+GREEDY = SamplingParams(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def onnx_backend(exported_dir):
+    return OnnxBackend(exported_dir, threads=1)
+
+
+@pytest.fixture(scope="module")
+def torch_backend():
+    return TorchBackend(make_tiny_model())  # the weights saved in tiny_model_dir
+
+
+def tokens(backend, prompts, n, sampling=GREEDY, **kwargs) -> np.ndarray:
+    return np.stack(list(generate_tokens(backend, prompts, n, sampling, **kwargs)), axis=1)  # (B, n)
+
+
+def test_backend_attributes(onnx_backend):
+    assert (onnx_backend.block_size, onnx_backend.vocab_size) == (16, 65)
+    assert len(onnx_backend.vocab) == 65 and onnx_backend.vocab.decode([0]) == "\n"
+    assert onnx_backend.session.get_session_options().intra_op_num_threads == 1
+    assert onnx_backend.providers == ["CPUExecutionProvider"]
+
+
+@pytest.mark.parametrize("window_mode", ["exact", "refill"])
+def test_greedy_200_tokens_across_the_window_match_pytorch(onnx_backend, torch_backend, window_mode):
+    prompt = [[18, 47, 56, 57, 58]]  # "First"
+    ours = tokens(onnx_backend, prompt, 200, window_mode=window_mode)
+    theirs = tokens(torch_backend, prompt, 200, window_mode=window_mode)
+    np.testing.assert_array_equal(ours, theirs)
+    reference = full_recompute_generate(make_tiny_model(), prompt[0], 200, GREEDY, window_mode=window_mode)
+    np.testing.assert_array_equal(ours[0], reference)
+    assert len(set(ours[0].tolist())) > 3  # not a degenerate stream that would match by accident
+
+
+@pytest.mark.parametrize("window_mode", ["exact", "refill"])
+def test_greedy_left_padded_batch_matches_pytorch(onnx_backend, torch_backend, window_mode):
+    prompts = [list(range(1, 12)), [5, 6, 7], [42]]
+    ours = tokens(onnx_backend, prompts, 200, window_mode=window_mode, refill_tokens=5)
+    theirs = tokens(torch_backend, prompts, 200, window_mode=window_mode, refill_tokens=5)
+    np.testing.assert_array_equal(ours, theirs)
+    # Padding does not leak: each row alone gives the tokens it gets inside the batch. (In "exact" mode for all
+    # 200; "refill" restarts the window on the batch's column count, so a shorter row alone follows another
+    # schedule once the window first fills: 16 - 11 = 5 tokens in.)
+    n = 200 if window_mode == "exact" else 5
+    for b, prompt in enumerate(prompts):
+        alone = tokens(onnx_backend, [prompt], n, window_mode=window_mode, refill_tokens=5)[0]
+        np.testing.assert_array_equal(alone, ours[b, :n])
+
+
+def test_sampled_tokens_with_the_same_seed_match_pytorch(onnx_backend, torch_backend):
+    sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.9)
+    prompts = [[1, 2, 3], [7]]
+    ours = tokens(onnx_backend, prompts, 60, sampling, seed=1234)
+    np.testing.assert_array_equal(ours, tokens(torch_backend, prompts, 60, sampling, seed=1234))
+    np.testing.assert_array_equal(ours, tokens(onnx_backend, prompts, 60, sampling, seed=1234))
+    assert not np.array_equal(ours, tokens(onnx_backend, prompts, 60, sampling, seed=4321))
+
+
+def test_stream_text_matches_pytorch(onnx_backend, torch_backend):
+    kwargs = dict(temperature=0.8, seed=7, window_mode="refill")
+    ours = list(stream_text(onnx_backend, onnx_backend.vocab, "ROMEO:", 40, **kwargs))
+    theirs = list(stream_text(torch_backend, onnx_backend.vocab, "ROMEO:", 40, **kwargs))
+    assert ours == theirs and len(ours) == 40 and all(len(piece) == 1 for piece in ours)
+
+
+def test_forward_logits_and_cache_match_pytorch(onnx_backend, torch_backend):
+    ids = np.array([[0, 0, 20, 21], [30, 31, 32, 33]], dtype=np.int64)
+    mask = np.array([[0, 0, 1, 1], [1, 1, 1, 1]], dtype=np.int64)
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    ours, cache = onnx_backend.forward(ids, mask, positions, None)
+    theirs, torch_cache = torch_backend.forward(ids, mask, positions, None)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+    assert ours.dtype == np.float32 and ours.shape == (2, 65)
+    step = np.array([[3], [4]], dtype=np.int64)
+    mask = np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1)
+    ours, cache = onnx_backend.forward(step, mask, positions[:, -1:] + 1, cache)
+    theirs, _ = torch_backend.forward(step, mask, positions[:, -1:] + 1, torch_cache)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+    assert cache.length == 5 and cache.batch_size == 2
+
+
+def test_int8_backend_runs_and_stays_close_to_fp32(exported_dir, onnx_backend):
+    int8 = OnnxBackend(exported_dir, quantized=True, threads=1)
+    assert int8.quantized and int8.metadata["weights"] == "int8" and int8.path.name == "model_quantized.onnx"
+    ids = np.array([[18, 47, 56, 57, 58]], dtype=np.int64)
+    positions = np.arange(5, dtype=np.int64)[None]
+    mask = np.ones_like(ids)
+    q, _ = int8.forward(ids, mask, positions, None)
+    f, _ = onnx_backend.forward(ids, mask, positions, None)
+    np.testing.assert_allclose(q, f, atol=0.05, rtol=0)
+    assert not np.array_equal(q, f)  # it is really the quantized graph
+    assert tokens(int8, [[1, 2]], 40, window_mode="refill").shape == (1, 40)
+
+
+# --- errors -------------------------------------------------------------------------------------------------------
+
+
+def test_missing_onnx_file_says_how_to_export(tiny_model_dir):
+    with pytest.raises(FileNotFoundError, match=r"onnx/model\.onnx.*python -m export"):
+        OnnxBackend(tiny_model_dir)
+
+
+def test_missing_int8_file(tmp_path, exported_dir):
+    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    onnx_path(folder, quantized=True).unlink()
+    OnnxBackend(folder, threads=1)  # fp32 still loads
+    with pytest.raises(FileNotFoundError, match="model_quantized.onnx"):
+        OnnxBackend(folder, quantized=True)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_truncated_or_corrupt_onnx_file(tmp_path, exported_dir, damage):
+    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    path = onnx_path(folder)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not an onnx model\x00\xff" * 100)
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        OnnxBackend(folder)
+
+
+def test_mismatched_vocabulary_is_refused(tmp_path, exported_dir):
+    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    mapping = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    a, b = "a", "b"
+    mapping[a], mapping[b] = mapping[b], mapping[a]  # same size, two ids swapped: text would decode wrongly
+    (folder / "vocab.json").write_text(json.dumps(mapping), encoding="utf-8")
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        OnnxBackend(folder)
+    del mapping["z"]
+    mapping = {c: i for i, c in enumerate(sorted(mapping, key=mapping.get))}
+    (folder / "vocab.json").write_text(json.dumps(mapping), encoding="utf-8")
+    with pytest.raises(ValueError, match="64 characters"):
+        OnnxBackend(folder)
+
+
+def test_stale_export_is_refused(tmp_path, exported_dir):
+    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config["block_size"] = 32
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(ValueError, match="block_size: config.json 32, ONNX 16"):
+        OnnxBackend(folder)
+
+
+def test_onnx_file_without_metadata_is_refused(tmp_path, exported_dir):
+    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    proto = onnx.load(str(onnx_path(folder)))
+    del proto.metadata_props[:]
+    onnx.save(proto, str(onnx_path(folder)))
+    with pytest.raises(ValueError, match="lacks the metadata"):
+        OnnxBackend(folder)
+
+
+def test_bad_constructor_arguments(exported_dir, tmp_path):
+    with pytest.raises(ValueError, match="threads"):
+        OnnxBackend(exported_dir, threads=0)
+    with pytest.raises(ValueError, match="unknown model"):
+        OnnxBackend(tmp_path / "nowhere")
+
+
+def test_wrong_typed_inputs(onnx_backend, torch_backend):
+    ids = np.array([[1, 2, 3]], dtype=np.int64)
+    mask, positions = np.ones_like(ids), np.arange(3, dtype=np.int64)[None]
+    f = onnx_backend.forward
+    with pytest.raises(TypeError, match="input_ids must hold integers"):
+        f(ids.astype(np.float32), mask, positions, None)
+    with pytest.raises(TypeError, match="attention_mask must be a numpy array"):
+        f(ids, [[1, 1, 1]], positions, None)
+    with pytest.raises(TypeError, match="position_ids must hold integers"):
+        f(ids, mask, positions.astype(bool), None)
+    with pytest.raises(ValueError, match="2-D"):
+        f(ids[0], mask, positions, None)
+    with pytest.raises(ValueError, match=r"attention_mask must have shape .*\(1, 3\)"):
+        f(ids, mask[:, :2], positions, None)
+    with pytest.raises(ValueError, match="position_ids must have the shape"):
+        f(ids, mask, positions[:, :2], None)
+    with pytest.raises(ValueError, match=r"ids \[65\] outside the vocabulary"):
+        f(np.array([[1, 65, 3]]), mask, positions, None)
+    with pytest.raises(ValueError, match=r"ids \[-1\] outside"):
+        f(np.array([[1, -1, 3]]), mask, positions, None)
+    with pytest.raises(ValueError, match=r"position_ids must lie in \[0, block_size\)"):
+        f(ids, mask, positions + 14, None)
+    with pytest.raises(TypeError, match="cache must be None or the OnnxCache"):
+        f(ids, mask, positions, ("not", "a", "cache"))
+    _, torch_cache = torch_backend.forward(ids, mask, positions, None)
+    with pytest.raises(TypeError, match="DynamicCache"):
+        f(ids[:, :1], np.ones((1, 4), dtype=np.int64), positions[:, :1], torch_cache)
+    logits, cache = f(ids.astype(np.int32), mask, positions, None)  # any integer dtype is accepted
+    with pytest.raises(ValueError, match="batch of 1 rows"):
+        f(np.ones((2, 1), dtype=np.int64), np.ones((2, 4), dtype=np.int64), np.full((2, 1), 3), cache)
+    # a padding position may hold an id the model never embeds (the tokenizer's pad id), as in PyTorch
+    pad_ids = np.array([[65, 2, 3]])
+    pad_mask = np.array([[0, 1, 1]])
+    ours, _ = f(pad_ids, pad_mask, np.array([[0, 0, 1]]), None)
+    theirs, _ = torch_backend.forward(pad_ids, pad_mask, np.array([[0, 0, 1]]), None)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif("shakespeare" not in list_models(), reason="the shipped model is not in gpt_serve/models yet")
+@pytest.mark.parametrize("quantized", [False, True])
+def test_shipped_model_onnx_loads_by_name_and_matches_its_torch_model(quantized):
+    from gpt_serve import CharGPTForCausalLM
+
+    backend = OnnxBackend("shakespeare", quantized=quantized, threads=1)
+    assert backend.model_dir == model_path("shakespeare")
+    text = "".join(stream_text(backend, backend.vocab, "ROMEO:", 30, temperature=0))
+    assert len(text) == 30
+    if not quantized:
+        model = CharGPTForCausalLM.from_pretrained(model_path("shakespeare"))
+        ids = backend.vocab.encode("ROMEO:")
+        ours = tokens(backend, [ids], 30)[0]
+        np.testing.assert_array_equal(ours, full_recompute_generate(model, ids, 30, GREEDY))
