@@ -26,7 +26,7 @@ def copy_model_dir(src: Path, dst: Path) -> Path:
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory, tiny_model_dir, corpus):
     """(folder, report) of the tiny model (tests/conftest.py's `make_tiny_model()`) exported with validation."""
-    from export import export_model
+    from export.exporter import export_model
 
     folder = copy_model_dir(tiny_model_dir, tmp_path_factory.mktemp("exported") / "tiny")
     report = export_model(folder, text=corpus, text_source="tinyshakespeare.txt", threads=1, val_tokens=2048)

@@ -6,8 +6,9 @@ import numpy as np
 import onnx
 import pytest
 
-from export import OPSET, export_model
 from export.cli import main
+from export.exporter import export_model
+from export.onnx_export import OPSET
 from export.report import CARD_BEGIN, CARD_END, card_section, update_model_card
 from export.validate import compare_with_torch
 from gpt_serve.onnx_backend import load_session, onnx_path, past_names, present_names
