@@ -141,7 +141,6 @@ class OnnxBackend:
         self._present_names = present_names(self.n_layer)
         first = self.session.get_providers()[0]
         self._cache_device = "cuda" if first == "CUDAExecutionProvider" else "cpu"
-        self._binding = self.session.io_binding()  # reused every step: the graph's I/O never changes
         self._empty_past: dict[int, Any] = {}  # batch size -> an empty (B, H, 0, head_size) past, made once
 
     def __repr__(self) -> str:
@@ -221,9 +220,8 @@ class OnnxBackend:
         past = self._check_cache(cache, B)
         self._check_inputs(input_ids, attention_mask, position_ids, past)
 
-        binding = self._binding
-        binding.clear_binding_inputs()
-        binding.clear_binding_outputs()
+        # A binding per call (cheap) keeps `forward` safe to call from several threads, as `session.run` is.
+        binding = self.session.io_binding()
         binding.bind_cpu_input("input_ids", input_ids)
         binding.bind_cpu_input("attention_mask", attention_mask)
         binding.bind_cpu_input("position_ids", position_ids)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
@@ -96,6 +97,15 @@ def test_forward_logits_and_cache_match_pytorch(onnx_backend, torch_backend):
     theirs, _ = torch_backend.forward(step, mask, positions[:, -1:] + 1, torch_cache)
     np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
     assert cache.length == 5 and cache.batch_size == 2
+
+
+def test_one_backend_serves_concurrent_generations(onnx_backend):
+    prompts = [[[1, 2, 3]], [[40, 41]], [[7]], [[20, 30, 40, 50]]]
+    expected = [tokens(onnx_backend, p, 50, window_mode="refill") for p in prompts]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda p: tokens(onnx_backend, p, 50, window_mode="refill"), prompts * 3))
+    for got, want in zip(results, expected * 3, strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_int8_backend_runs_and_stays_close_to_fp32(exported_dir, onnx_backend):
