@@ -5,6 +5,7 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 from .engine import WINDOW_MODES
+
 INIT_SCHEMES = ("normal", "pytorch")
 
 
@@ -136,7 +137,8 @@ class CharGPTConfig(PretrainedConfig):
             raise ValueError(f"ffwd_mult must be an integer >= 0 (0 = no feed-forward), got {self.ffwd_mult!r}")
         if not self.ffwd_proj and self.ffwd_mult not in (0, 1):
             raise ValueError(
-                f"ffwd_proj=False needs ffwd_mult=1 (Linear(n, n) -> ReLU keeps the width), got ffwd_mult={self.ffwd_mult}"
+                "ffwd_proj=False needs ffwd_mult=1 (Linear(n, n) -> ReLU keeps the width), "
+                f"got ffwd_mult={self.ffwd_mult}"
             )
         if self.init not in INIT_SCHEMES:
             raise ValueError(f"init must be one of {INIT_SCHEMES}, got {self.init!r}")

@@ -45,7 +45,9 @@ def window_keep(block_size: int, window_mode: str, refill_tokens: int | None) ->
         return block_size
     keep = refill_tokens if refill_tokens is not None else max(1, block_size // 2)
     if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)) or not 1 <= keep < max(2, block_size):
-        raise ValueError(f"refill_tokens must be an integer in [1, block_size - 1] = [1, {block_size - 1}], got {keep!r}")
+        raise ValueError(
+            f"refill_tokens must be an integer in [1, block_size - 1] = [1, {block_size - 1}], got {keep!r}"
+        )
     return int(keep)
 
 

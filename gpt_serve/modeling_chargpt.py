@@ -259,7 +259,7 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
         )
 
     def _prepare_inputs(self, input_ids, attention_mask, position_ids, past: int):
-        """Validates ids, positions and mask; returns (ids safe to embed, additive attention mask or None, positions)."""
+        """Validates ids, positions and mask; returns (ids safe to embed, additive mask or None, positions)."""
         B, T = input_ids.shape
         V, block_size = self.config.vocab_size, self.config.block_size
         if attention_mask is not None:

@@ -10,6 +10,16 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA_PATH = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
+def pytest_configure(config):
+    # Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine OpenMP threads that spin
+    # while waiting for each other make tests many times slower.
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def data_path() -> Path:
     if not DATA_PATH.is_file():

@@ -1,0 +1,45 @@
+"""CharGPTConfig: standard names, validation, serialization."""
+
+import pytest
+
+from gpt_serve import CharGPTConfig
+
+
+def test_attribute_map_gives_standard_names():
+    cfg = CharGPTConfig(block_size=64, n_embd=48, n_head=3, n_layer=2)
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers, cfg.max_position_embeddings) == (
+        48, 3, 2, 64,
+    )
+    assert cfg.head_size == 16
+
+
+def test_defaults_are_the_lesson_final_model():
+    cfg = CharGPTConfig()
+    assert (cfg.block_size, cfg.n_embd, cfg.n_head, cfg.n_layer, cfg.dropout) == (256, 384, 6, 6, 0.2)
+
+
+def test_round_trip(tmp_path):
+    cfg = CharGPTConfig(block_size=32, n_embd=64, n_head=4, n_layer=3, init="pytorch", window_mode="refill")
+    cfg.save_pretrained(tmp_path)
+    again = CharGPTConfig.from_pretrained(tmp_path)
+    assert again.to_dict() == cfg.to_dict()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(n_embd=30, n_head=4), "n_embd \\(30\\) must be divisible by n_head \\(4\\)"),
+        (dict(n_head=0), "n_head must be a positive integer"),
+        (dict(block_size=-1), "block_size must be a positive integer"),
+        (dict(dropout=1.5), "dropout must be in \\[0, 1\\)"),
+        (dict(ffwd_mult=-1), "ffwd_mult must be an integer >= 0"),
+        (dict(ffwd_mult=4, ffwd_proj=False), "ffwd_proj=False needs ffwd_mult=1"),
+        (dict(init="xavier"), "init must be one of"),
+        (dict(window_mode="slide"), "window_mode must be one of"),
+        (dict(block_size=16, refill_tokens=16), "refill_tokens must be an integer in \\[1, block_size - 1\\]"),
+        (dict(vocab_size=2.5), "vocab_size must be a positive integer"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        CharGPTConfig(**kwargs)

@@ -1,0 +1,85 @@
+"""CharTokenizer: the lesson's vocabulary, exact round trips, unknown-character policies, padding."""
+
+import pytest
+
+from gpt_serve import CharTokenizer
+from gpt_serve.vocab import CharVocab
+
+
+def test_vocabulary_is_the_lessons(tokenizer, corpus):
+    assert tokenizer.vocab_size == 65
+    assert tokenizer.vocab.chars == sorted(set(corpus))
+    assert tokenizer.convert_tokens_to_ids("\n") == 0  # the lesson starts generation from id 0
+    assert tokenizer.pad_token == "<pad>" and tokenizer.pad_token_id == 65
+
+
+def test_whole_corpus_round_trips(tokenizer, corpus):
+    ids = tokenizer.vocab.encode(corpus)
+    assert len(ids) == len(corpus) == 1_115_394
+    assert tokenizer.vocab.decode(ids) == corpus
+    head = corpus[:5000]  # the transformers path, on a slice (it is slower)
+    assert tokenizer.decode(tokenizer(head)["input_ids"]) == head
+
+
+def test_save_and_reload(tmp_path, tokenizer, corpus):
+    tokenizer.save_pretrained(tmp_path)
+    again = CharTokenizer.from_pretrained(tmp_path)
+    assert again.get_vocab() == tokenizer.get_vocab()
+    assert again(corpus[:300])["input_ids"] == tokenizer(corpus[:300])["input_ids"]
+    assert again.padding_side == "left"
+
+
+def test_unknown_characters_raise_by_default_naming_them(tokenizer):
+    with pytest.raises(ValueError, match=r"2 character\(s\) outside the vocabulary: '€' at 3, 'é' at 8"):
+        tokenizer("abc€def é")
+
+
+def test_unknown_character_policies(tokenizer):
+    drop = CharTokenizer(chars=tokenizer.vocab.chars, unk_policy="drop")
+    assert drop.decode(drop("ab€c")["input_ids"]) == "abc"
+    replace = CharTokenizer(chars=tokenizer.vocab.chars, unk_policy="replace", unk_replacement="?")
+    assert replace.decode(replace("ab€c")["input_ids"]) == "ab?c"
+    with pytest.raises(ValueError, match="unk_policy must be one of"):
+        CharTokenizer(chars=tokenizer.vocab.chars, unk_policy="ignore")
+    with pytest.raises(ValueError, match="unk_replacement '€' is not in the vocabulary"):
+        CharTokenizer(chars=tokenizer.vocab.chars, unk_policy="replace", unk_replacement="€")
+
+
+def test_policy_survives_save_pretrained(tmp_path, tokenizer):
+    CharTokenizer(chars=tokenizer.vocab.chars, unk_policy="replace").save_pretrained(tmp_path)
+    again = CharTokenizer.from_pretrained(tmp_path)
+    assert again.unk_policy == "replace"
+    assert again.decode(again("a€")["input_ids"]) == "a "
+
+
+def test_left_padding_for_batches(tokenizer):
+    batch = tokenizer(["First Citizen:", "Hi"], padding=True, return_tensors="pt")
+    assert batch["input_ids"].shape == (2, 14)
+    assert batch["attention_mask"][1].tolist() == [0] * 12 + [1, 1]
+    assert batch["input_ids"][1, :12].eq(tokenizer.pad_token_id).all()
+
+
+@pytest.mark.parametrize(
+    "chars, message",
+    [([], "at least one character"), (["a", "a"], "duplicate characters"), (["ab"], "single character")],
+)
+def test_bad_vocabularies(chars, message):
+    with pytest.raises(ValueError, match=message):
+        CharVocab(chars)
+
+
+def test_vocab_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="vocabulary file not found"):
+        CharVocab.from_file(tmp_path / "nope.json")
+    bad = tmp_path / "vocab.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        CharVocab.from_file(bad)
+    bad.write_text('{"a": 0, "b": 5}')
+    with pytest.raises(ValueError, match="distinct id 0..n-1"):
+        CharVocab.from_file(bad)
+
+
+def test_decode_rejects_ids_outside_vocabulary(tokenizer):
+    with pytest.raises(ValueError, match="token id 99 is outside the vocabulary"):
+        tokenizer.vocab.decode([1, 99])
