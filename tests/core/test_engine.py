@@ -1,0 +1,146 @@
+"""The generation engine and the sampler: parity with the lesson's loop, windows, batches, seeds, bad input."""
+
+import numpy as np
+import pytest
+import torch
+
+from gpt_serve.engine import generate_text, generate_tokens, stream_text
+from gpt_serve.sampling import SamplingParams, sample_next
+from gpt_serve.torch_backend import TorchBackend, full_recompute_generate
+
+GREEDY = SamplingParams(temperature=0)
+PROMPT = [18, 47, 56, 57, 58]
+
+
+def tokens(backend, prompts, n, **kwargs):
+    return np.stack(list(generate_tokens(backend, prompts, n, **kwargs)), axis=1)  # (B, n)
+
+
+@pytest.mark.parametrize("window_mode, refill_tokens", [("exact", None), ("refill", None), ("refill", 3)])
+@pytest.mark.parametrize("sampling, seed", [(GREEDY, None), (SamplingParams(1.0, top_k=12, top_p=0.95), 7)])
+def test_engine_matches_full_recompute_across_block_size(tiny_model, window_mode, refill_tokens, sampling, seed):
+    n = 60  # block_size is 16
+    expected = full_recompute_generate(tiny_model, PROMPT, n, sampling, seed, window_mode, refill_tokens)
+    got = tokens(TorchBackend(tiny_model), [PROMPT], n, sampling=sampling, seed=seed, window_mode=window_mode,
+                 refill_tokens=refill_tokens)
+    assert got[0].tolist() == expected
+
+
+def test_refill_differs_from_exact_past_the_window(tiny_model):
+    backend = TorchBackend(tiny_model)
+    exact = tokens(backend, [PROMPT], 60, sampling=GREEDY, window_mode="exact")
+    refill = tokens(backend, [PROMPT], 60, sampling=GREEDY, window_mode="refill")
+    assert exact[0, :11].tolist() == refill[0, :11].tolist()  # identical while the text fits in the window
+    assert exact.tolist() != refill.tolist()
+
+
+def test_hf_generate_and_engine_agree(tiny_model):
+    for mode in ("exact", "refill"):
+        hf = tiny_model.generate(torch.tensor([PROMPT]), max_new_tokens=40, do_sample=False, window_mode=mode)
+        assert hf[0, 5:].tolist() == tokens(TorchBackend(tiny_model), [PROMPT], 40, sampling=GREEDY,
+                                            window_mode=mode)[0].tolist()
+
+
+def test_left_padded_batch_equals_each_prompt_alone(tiny_model):
+    backend = TorchBackend(tiny_model)
+    prompts = [list(range(1, 15)), [9, 10], [4]]
+    batch = tokens(backend, prompts, 40, sampling=GREEDY)
+    for row, prompt in zip(batch, prompts):
+        assert row.tolist() == tokens(backend, [prompt], 40, sampling=GREEDY)[0].tolist()
+
+
+def test_stream_concatenation_equals_full_output(tiny_model, tokenizer):
+    backend = TorchBackend(tiny_model)
+    pieces = list(stream_text(backend, tokenizer.vocab, "ROMEO:", 50, seed=1))
+    assert all(len(p) == 1 for p in pieces) and len(pieces) == 50
+    assert "".join(pieces) == generate_text(backend, tokenizer.vocab, "ROMEO:", 50, seed=1)
+
+
+def test_seeds_reproduce_and_differ(tiny_model, tokenizer):
+    backend = TorchBackend(tiny_model)
+    a = generate_text(backend, tokenizer.vocab, "ROMEO:", 80, seed=5)
+    assert a == generate_text(backend, tokenizer.vocab, "ROMEO:", 80, seed=5)
+    assert a != generate_text(backend, tokenizer.vocab, "ROMEO:", 80, seed=6)
+
+
+def test_empty_prompt_starts_from_a_newline(tiny_model, tokenizer):
+    backend = TorchBackend(tiny_model)
+    assert generate_text(backend, tokenizer.vocab, "", 30, seed=2) == generate_text(
+        backend, tokenizer.vocab, "\n", 30, seed=2
+    )
+
+
+def test_stop_character_ends_the_text(tiny_model, tokenizer):
+    backend = TorchBackend(tiny_model)
+    free = generate_text(backend, tokenizer.vocab, "ROMEO:", 60, temperature=0)
+    stop = free[10]
+    assert generate_text(backend, tokenizer.vocab, "ROMEO:", 60, temperature=0, stop=stop) == free[
+        : free.index(stop) + 1
+    ]
+
+
+def test_closing_the_stream_stops_the_compute(tiny_model, tokenizer):
+    calls = []
+    backend = TorchBackend(tiny_model)
+    original = backend.forward
+    backend.forward = lambda *a: calls.append(1) or original(*a)
+    stream = stream_text(backend, tokenizer.vocab, "ROMEO:", 1000)
+    for _ in zip(range(5), stream):
+        pass
+    stream.close()
+    assert len(calls) == 5
+
+
+def test_unknown_characters_in_prompt(tiny_model, tokenizer):
+    backend = TorchBackend(tiny_model)
+    with pytest.raises(ValueError, match="'€' at 5"):
+        next(stream_text(backend, tokenizer.vocab, "ROMEO€", 5))
+    assert len(generate_text(backend, tokenizer.vocab, "ROMEO€", 5, unk_policy="replace")) == 5
+    with pytest.raises(ValueError, match="no character left"):
+        next(stream_text(backend, tokenizer.vocab, "€€", 5, unk_policy="drop"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(temperature=-0.5), ValueError, "temperature must be a finite number >= 0"),
+        (dict(temperature=float("nan")), ValueError, "temperature must be a finite number"),
+        (dict(top_p=0.0), ValueError, r"top_p must be in \(0, 1\]"),
+        (dict(top_p=1.5), ValueError, r"top_p must be in \(0, 1\]"),
+        (dict(top_k=-3), ValueError, "top_k must be None or an integer >= 0"),
+        (dict(repetition_penalty=0), ValueError, "repetition_penalty must be a finite number > 0"),
+        (dict(max_new_tokens=-1), ValueError, r"max_new_tokens must be in \[0, 1000000\]"),
+        (dict(max_new_tokens=10**9), ValueError, r"max_new_tokens must be in \[0, 1000000\]"),
+        (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an integer"),
+        (dict(seed=-4), ValueError, "seed must be None or an integer >= 0"),
+        (dict(window_mode="slide"), ValueError, "window_mode must be one of"),
+        (dict(window_mode="refill", refill_tokens=16), ValueError, r"refill_tokens must be .* = \[1, 15\], got 16"),
+        (dict(prompt=123), TypeError, "prompt must be a str"),
+    ],
+)
+def test_bad_arguments_are_named(tiny_model, tokenizer, kwargs, error, message):
+    args = dict(prompt="ROMEO:", max_new_tokens=5)
+    args.update(kwargs)
+    with pytest.raises(error, match=message):
+        next(stream_text(TorchBackend(tiny_model), tokenizer.vocab, **args))
+
+
+def test_bad_prompt_ids(tiny_model):
+    backend = TorchBackend(tiny_model)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        next(generate_tokens(backend, [[1], []], 3))
+    with pytest.raises(ValueError, match=r"prompt 0 holds ids \[99\] outside the vocabulary \[0, 64\]"):
+        next(generate_tokens(backend, [[1, 99]], 3))
+
+
+def test_sampler_temperature_zero_is_argmax_and_filters_apply():
+    rng = np.random.default_rng(0)
+    logits = np.array([[0.0, 3.0, 1.0, 2.0]])
+    assert sample_next(logits, SamplingParams(0), rng).tolist() == [1]
+    top1 = SamplingParams(1.0, top_k=1)
+    assert {int(sample_next(logits, top1, rng)[0]) for _ in range(50)} == {1}
+    nucleus = SamplingParams(1.0, top_p=0.7)  # p = [.03, .64, .09, .24]: keeps tokens 1 and 3
+    assert {int(sample_next(logits, nucleus, rng)[0]) for _ in range(300)} == {1, 3}
+    draws = [int(sample_next(logits, SamplingParams(1.0), rng)[0]) for _ in range(4000)]
+    freq = np.bincount(draws, minlength=4) / 4000
+    np.testing.assert_allclose(freq, np.exp(logits[0]) / np.exp(logits[0]).sum(), atol=0.03)
