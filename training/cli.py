@@ -1,20 +1,24 @@
 """Command line of the trainer: `python -m training` / `gpt-serve train`.
 
-Flags mirror `TrainConfig`; a `--preset` fills in defaults, explicit flags override it, and `--model.KEY VALUE`
-pairs override the model config (`CharGPTConfig` arguments), e.g. `--model.n_layer 8`.
+Flags mirror `TrainConfig` (`--max-iters 100`, `--keep-best` or `--keep-best false`); a `--preset` fills in
+defaults, explicit flags override it, and `--model.KEY VALUE` overrides a model config (`CharGPTConfig`)
+argument, e.g. `--model.n_layer 8`. Under `torchrun` the same command trains with DDP.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
+import os
 import shlex
 import sys
+from pathlib import Path
 
 from .presets import PRESETS, get_preset
 from .trainer import TrainConfig, Trainer
+
+_TYPES = {"int": int, "float": float, "str": str, "str | None": str}
 
 
 def _bool(value: str) -> bool:
@@ -26,68 +30,109 @@ def _bool(value: str) -> bool:
 
 
 def _parse_model_value(value: str):
+    """`8` -> 8, `false` -> False, `0.1` -> 0.1, anything else stays a string."""
     try:
         return json.loads(value)
     except json.JSONDecodeError:
         return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m training", description="Train a character-level GPT.")
-    p.add_argument("--preset", default="shakespeare-cpu", help=f"one of: {', '.join(PRESETS)}")
+def build_parser(prog: str = "python -m training") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog, description="Train a character-level GPT (the 'Let's build GPT' model).",
+        epilog="--model.KEY VALUE overrides an argument of the model config (CharGPTConfig), e.g. --model.n_layer 8.",
+    )
+    p.add_argument("--preset", default="shakespeare-cpu", help=f"one of: {', '.join(PRESETS)} (default: %(default)s)")
     p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
-    for f in dataclasses.fields(TrainConfig):
-        if f.name == "model":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", "bool | None"):
-            p.add_argument(flag, type=_bool, default=None, metavar="BOOL")
-        elif f.name == "resume":
-            p.add_argument(flag, action="store_true", default=None)
+    for f in TrainConfig.flag_fields():
+        flags = ["--" + f.name.replace("_", "-")] + (["--out"] if f.name == "out_dir" else [])
+        help_text = f.metadata.get("help")
+        if f.name == "resume":
+            p.add_argument(*flags, action="store_true", default=None, help=help_text)
+        elif f.type in ("bool", "bool | None"):
+            # `--keep-best` alone means true; `--keep-best false` switches off what a preset switched on.
+            p.add_argument(*flags, type=_bool, nargs="?", const=True, default=None, metavar="BOOL", help=help_text)
         else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            p.add_argument(flag, type=kind, default=None)
-    p.add_argument("--model.", dest="model_overrides", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
-                   help=argparse.SUPPRESS)
+            p.add_argument(*flags, type=_TYPES[f.type], default=None, help=help_text)
     return p
 
 
-def config_from_args(argv: list[str]) -> TrainConfig:
-    # `--model.n_layer 8` -> ("n_layer", "8")
-    model_overrides, rest, i = {}, [], 0
+def split_model_overrides(argv: list[str]) -> tuple[dict, list[str]]:
+    """Takes the `--model.KEY VALUE` / `--model.KEY=VALUE` pairs out of argv."""
+    overrides, rest, i = {}, [], 0
     while i < len(argv):
-        if argv[i].startswith("--model."):
-            if i + 1 >= len(argv):
-                raise SystemExit(f"{argv[i]} needs a value")
-            model_overrides[argv[i][len("--model."):]] = _parse_model_value(argv[i + 1])
-            i += 2
+        arg = argv[i]
+        if arg.startswith("--model."):
+            key, eq, value = arg[len("--model."):].partition("=")
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"{arg} needs a value")
+                value, i = argv[i + 1], i + 1
+            if not key:
+                raise ValueError(f"{arg}: give a model config argument, e.g. --model.n_layer 8")
+            overrides[key] = _parse_model_value(value)
         else:
-            rest.append(argv[i])
-            i += 1
-    args = build_parser().parse_args(rest)
-    if args.list_presets:
-        for name, preset in PRESETS.items():
-            print(f"{name:16s} {preset.description}")
-        raise SystemExit(0)
+            rest.append(arg)
+        i += 1
+    return overrides, rest
+
+
+def config_from_args(args: argparse.Namespace, model_overrides: dict) -> TrainConfig:
     preset = get_preset(args.preset)
     values = {**preset.train}
-    for f in dataclasses.fields(TrainConfig):
+    for f in TrainConfig.flag_fields():
         v = getattr(args, f.name, None)
-        if v is not None and f.name != "model":
+        if v is not None:
             values[f.name] = v
     values["model"] = {**preset.model, **model_overrides}
     return TrainConfig(**values)
 
 
+def invocation(argv: list[str], module: str = "training", subcommand: str = "train") -> str:
+    """The command line that is running, for the model card (`gpt-serve train ...` or `python -m training ...`)."""
+    launcher = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    if launcher == "gpt-serve":
+        prog = f"gpt-serve {subcommand}"
+    elif launcher == "__main__.py" and Path(sys.argv[0]).parent.name == "gpt_serve":
+        prog = f"python -m gpt_serve {subcommand}"
+    else:
+        prog = f"python -m {module}"
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        local = os.environ.get("LOCAL_WORLD_SIZE", str(world))
+        nodes = world // max(1, int(local))
+        prog = prog.replace("python -m ", "-m ")
+        prog = f"torchrun --nproc_per_node={local}" + (f" --nnodes={nodes}" if nodes > 1 else "") + f" {prog}"
+    return " ".join([prog, shlex.join(argv)]).strip()
+
+
+def setup_logging() -> None:
+    """INFO on rank 0, warnings only on the other ranks of a torchrun job."""
+    level = logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING
+    logging.basicConfig(level=level, format="%(message)s")
+
+
 def main(argv: list[str] | None = None) -> int:
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging()
     try:
-        cfg = config_from_args(argv)
-        command = "python -m training " + shlex.join(argv)
-        result = Trainer(cfg, command=command).fit()
-    except (ValueError, FileNotFoundError) as e:
+        model_overrides, rest = split_model_overrides(argv)
+        args = build_parser().parse_args(rest)
+        if args.list_presets:
+            for name, preset in PRESETS.items():
+                print(f"{name:16s} {preset.description}")
+            return 0
+        cfg = config_from_args(args, model_overrides)
+        with logging_redirect_tqdm():
+            result = Trainer(cfg, command=invocation(argv)).fit()
+    except (ValueError, TypeError, FileNotFoundError) as e:  # CheckpointError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(result))
+    except KeyboardInterrupt:
+        print("interrupted; continue with --resume", file=sys.stderr)
+        return 130
+    if os.environ.get("RANK", "0") == "0":
+        print(json.dumps(result))
     return 0

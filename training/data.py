@@ -17,34 +17,48 @@ logger = logging.getLogger(__name__)
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+TRAIN_FRACTION = 0.9  # the lesson's split: first 90% train, last 10% validation
 
 
 def cache_dir() -> Path:
+    """Where the download goes: $GPT_SERVE_CACHE, else the user cache dir (e.g. ~/.cache/gpt-serve)."""
+    if os.environ.get("GPT_SERVE_CACHE"):
+        return Path(os.environ["GPT_SERVE_CACHE"])
     import platformdirs
 
-    return Path(os.environ.get("GPT_SERVE_CACHE", platformdirs.user_cache_dir("gpt-serve")))
+    return Path(platformdirs.user_cache_dir("gpt-serve"))
 
 
-def sha256_of(path: Path) -> str:
+def sha256_of(path: str | os.PathLike) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def download_tiny_shakespeare(dest: Path | None = None) -> Path:
-    """Downloads Tiny Shakespeare once into the user cache, verifying its sha256."""
-    dest = Path(dest or cache_dir() / "tinyshakespeare.txt")
-    if dest.exists() and sha256_of(dest) == TINY_SHAKESPEARE_SHA256:
-        return dest
+def download_tiny_shakespeare(dest: str | os.PathLike | None = None) -> Path:
+    """Tiny Shakespeare in the user cache, downloaded on first use; its sha256 is checked before it is kept."""
+    dest = Path(dest) if dest is not None else cache_dir() / "tinyshakespeare.txt"
+    if dest.is_file():
+        if sha256_of(dest) == TINY_SHAKESPEARE_SHA256:
+            return dest
+        logger.warning("%s does not have the expected sha256; downloading it again", dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     logger.info("downloading Tiny Shakespeare from %s to %s", TINY_SHAKESPEARE_URL, dest)
-    with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=60) as r:
-        payload = r.read()
+    with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=60) as response:
+        payload = response.read()
     digest = hashlib.sha256(payload).hexdigest()
     if digest != TINY_SHAKESPEARE_SHA256:
-        raise ValueError(f"downloaded file has sha256 {digest}, expected {TINY_SHAKESPEARE_SHA256}; not saved")
-    fd, tmp = tempfile.mkstemp(dir=dest.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(payload)
-    os.replace(tmp, dest)
+        raise ValueError(
+            f"the file downloaded from {TINY_SHAKESPEARE_URL} has sha256 {digest}, expected "
+            f"{TINY_SHAKESPEARE_SHA256}; it was not saved. Pass --data PATH to a local copy instead."
+        )
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".download-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return dest
 
 
@@ -53,7 +67,10 @@ def load_text(path: str | os.PathLike | None = None) -> str:
     path = Path(path) if path is not None else download_tiny_shakespeare()
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path} (pass --data PATH to a UTF-8 text file)")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"data file {path} is not UTF-8 text ({e})") from None
     if len(text) < 2:
         raise ValueError(f"data file {path} has {len(text)} characters; training needs a real corpus")
     return text
@@ -62,26 +79,49 @@ def load_text(path: str | os.PathLike | None = None) -> str:
 class CharDataset:
     """The corpus as ids, split into the first `train_fraction` (train) and the rest (val), as in the lesson.
 
-    Batches are random contiguous windows of `block_size + 1` ids (inputs and targets shifted by one), drawn
-    with an explicit `torch.Generator` whose state is the sampler state a checkpoint saves.
+    Batches are random contiguous windows of `block_size + 1` ids (inputs and the targets shifted by one),
+    drawn with an explicit CPU `torch.Generator`: its state is the sampler state a checkpoint saves, and the
+    same seed gives the same batches on every device.
     """
 
-    def __init__(self, text: str, tokenizer: CharTokenizer, block_size: int, train_fraction: float = 0.9):
+    def __init__(
+        self, text: str, tokenizer: CharTokenizer, block_size: int, train_fraction: float = TRAIN_FRACTION
+    ):
         if not 0.0 < train_fraction < 1.0:
             raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
         data = torch.tensor(tokenizer.vocab.encode(text), dtype=torch.long)
         n = int(train_fraction * len(data))
         self.splits = {"train": data[:n], "val": data[n:]}
         self.block_size = block_size
+        self.offsets = torch.arange(block_size + 1)
         for name, split in self.splits.items():
             if len(split) <= block_size:
                 raise ValueError(
                     f"the {name} split has {len(split)} tokens, fewer than block_size + 1 = {block_size + 1}"
                 )
 
+    def to(self, device: torch.device) -> CharDataset:
+        """Keeps the ids on `device` (the whole corpus is a few MB), so batches are gathered there."""
+        self.splits = {k: v.to(device) for k, v in self.splits.items()}
+        self.offsets = self.offsets.to(device)
+        return self
+
     def get_batch(self, split: str, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y), each (batch_size, block_size): `batch_size` random windows, y = x shifted left by one."""
         data = self.splits[split]
+        # The lesson's `torch.randint(len(data) - block_size, (batch_size,))`, from our own generator.
         ix = torch.randint(len(data) - self.block_size, (batch_size,), generator=generator)
-        offsets = torch.arange(self.block_size + 1)
-        windows = data[ix[:, None] + offsets]  # (B, block_size + 1)
+        windows = data[ix.to(data.device)[:, None] + self.offsets]  # (B, block_size + 1)
         return windows[:, :-1], windows[:, 1:]
+
+    def tiled_windows(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) covering the whole split with non-overlapping windows (the tail that does not fit is left out).
+
+        Every position of a random window is equally likely to be any of 0..block_size-1, so the mean loss over
+        these windows estimates the same quantity as `estimate_loss`, without its sampling noise.
+        """
+        data = self.splits[split]
+        n = (len(data) - 1) // self.block_size
+        x = data[: n * self.block_size].view(n, self.block_size)
+        y = data[1 : n * self.block_size + 1].view(n, self.block_size)
+        return x, y

@@ -1,46 +1,134 @@
-"""What a run shows and leaves behind: the progress bar, the loss-curve PNG and the model card."""
+"""What a run shows and leaves behind: the progress bar, metrics.jsonl, the loss-curve PNG and the model card."""
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 from pathlib import Path
 
 import torch
 
+METRICS_NAME = "metrics.jsonl"
+
 
 def progress_bar(initial: int, total: int, disable: bool = False):
+    """A tqdm bar over optimizer steps (it shows the ETA; the trainer adds loss and tokens/s)."""
     from tqdm.auto import tqdm
 
     return tqdm(initial=initial, total=total, disable=disable, unit="step", dynamic_ncols=True)
 
 
-def save_loss_plot(history: list[dict], path: Path, title: str = "loss") -> None:
-    """Train and val loss against step, as a PNG (written to a temporary name, then renamed)."""
+# -- metrics.jsonl: one JSON object per evaluation -----------------------------------------------------------
+
+
+def read_metrics(out: str | os.PathLike) -> list[dict]:
+    path = Path(out) / METRICS_NAME
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def write_metrics(out: str | os.PathLike, records: list[dict]) -> None:
+    """Replaces metrics.jsonl with `records` (atomically)."""
+    path = Path(out) / METRICS_NAME
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def append_metric(out: str | os.PathLike, record: dict) -> None:
+    with open(Path(out) / METRICS_NAME, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+# -- plots ---------------------------------------------------------------------------------------------------
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: str | os.PathLike) -> None:
+    """Saves a figure under a temporary name, then renames it, so a reader never sees half a PNG."""
+    path = Path(path)
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    fig.savefig(tmp)
+    _pyplot().close(fig)
+    os.replace(tmp, path)
+
+
+def save_loss_plot(history: list[dict], path: str | os.PathLike, title: str = "loss") -> None:
+    """Train and val loss against step, as a PNG."""
+    plt = _pyplot()
     steps = [m["step"] for m in history]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    ax.plot(steps, [m["train_loss"] for m in history], label="train")
-    ax.plot(steps, [m["val_loss"] for m in history], label="val")
+    ax.plot(steps, [m["train_loss"] for m in history], marker=".", label="train")
+    ax.plot(steps, [m["val_loss"] for m in history], marker=".", label="val")
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy loss")
+    ax.set_ylabel("cross-entropy loss (nats/char)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = Path(path).with_suffix(".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(path)
+    _save(fig, path)
 
 
-def hardware() -> str:
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
-    return f"{platform.machine()} CPU, {torch.get_num_threads()} PyTorch threads"
+def save_val_curves(curves: dict[str, list[dict]], path: str | os.PathLike, targets: dict[str, float] | None = None,
+                    title: str = "validation loss") -> None:
+    """The val-loss curves of several runs on one plot; `targets` adds a dotted line per run (e.g. the lesson's)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    lows = []
+    for i, (name, history) in enumerate(curves.items()):
+        color = f"C{i}"
+        ax.plot([m["step"] for m in history], [m["val_loss"] for m in history], color=color, label=name)
+        lows += [m["val_loss"] for m in history]
+        if targets and name in targets:
+            ax.axhline(targets[name], color=color, linestyle=":", linewidth=1)
+    if lows:  # the step-0 losses (~4.2) would flatten everything else
+        ax.set_ylim(min(lows + list((targets or {}).values())) - 0.05, min(max(lows), 3.0))
+    ax.set_xlabel("step")
+    ax.set_ylabel("val loss (nats/char)")
+    ax.set_title(title + (" (dotted: the lesson's)" if targets else ""))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    _save(fig, path)
+
+
+# -- the model card ------------------------------------------------------------------------------------------
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware(device: torch.device | None = None, world_size: int = 1) -> str:
+    """A one-line description of what trained the model."""
+    if device is not None and device.type == "cuda":
+        what = f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}, bf16 autocast)"
+    else:
+        what = f"{cpu_name()} CPU ({os.cpu_count()} cores), PyTorch threads: {torch.get_num_threads()}, fp32"
+    procs = f"{world_size} DDP processes x " if world_size > 1 else ""
+    return f"{procs}{what}; torch {torch.__version__}"
+
+
+def format_duration(seconds: float) -> str:
+    hours, rem = divmod(int(round(seconds)), 3600)
+    return f"{hours}h {rem // 60}m {rem % 60}s" if hours else f"{rem // 60}m {rem % 60}s"
 
 
 def generate_sample(model, tokenizer, n_tokens: int, seed: int = 0) -> str:
@@ -49,37 +137,50 @@ def generate_sample(model, tokenizer, n_tokens: int, seed: int = 0) -> str:
 
     if n_tokens <= 0:
         return ""
-    return generate_text(TorchBackend(model), tokenizer.vocab, "\n", max_new_tokens=n_tokens, temperature=1.0, seed=seed)
+    return generate_text(TorchBackend(model), tokenizer.vocab, "", max_new_tokens=n_tokens, temperature=1.0, seed=seed)
 
 
 def write_model_card(trainer, result: dict) -> None:
+    """README.md with Hugging Face YAML front matter: losses, command, hardware, wall time and a sample."""
     cfg, mc = trainer.cfg, trainer.model_config
+    name = Path(cfg.out_dir).resolve().name
     sample = generate_sample(trainer.model, trainer.tokenizer, cfg.sample_tokens)
     val, train = result["val_loss"], result["train_loss"]
-    hours, rem = divmod(int(result["train_time_s"]), 3600)
-    wall = f"{hours}h {rem // 60}m {rem % 60}s" if hours else f"{rem // 60}m {rem % 60}s"
     arch = {k: getattr(mc, k) for k in ("block_size", "n_embd", "n_head", "n_layer", "dropout", "attn_proj",
                                          "ffwd_mult", "ffwd_proj", "residual", "layer_norm", "init")}
     train_opts = {k: getattr(cfg, k) for k in ("batch_size", "grad_accum", "learning_rate", "schedule",
                                                "warmup_iters", "min_lr", "max_iters", "weight_decay", "grad_clip",
-                                               "seed", "keep_best")}
+                                               "eval_iters", "seed", "keep_best")}
+    chosen = "best validation loss" if cfg.keep_best else "last step"
+    early = f", stopped early at step {result['final_step']}" if result.get("stopped_early") else ""
+    sequences = cfg.batch_size * cfg.grad_accum * trainer.rt.world_size
+    steps = f"{result['final_step']}{early}, each {trainer.tokens_per_step:,} tokens ({sequences} x {mc.block_size})"
+    wall = (f"{format_duration(result['wall_time_s'])} ({format_duration(result['train_time_s'])} in optimizer steps, "
+            f"the rest in evaluation and checkpoints)")
     card = f"""---
 library_name: transformers
 pipeline_tag: text-generation
+license: mit
+language:
+- en
 tags:
 - gpt-serve
 - chargpt
 - character-level
 datasets:
 - tiny_shakespeare
+metrics:
+- loss
 model-index:
-- name: {Path(cfg.out_dir).name}
+- name: {name}
   results:
   - task:
       type: text-generation
+      name: character-level language modeling
     dataset:
       name: Tiny Shakespeare (last 10% as validation)
       type: tiny_shakespeare
+      split: validation
     metrics:
     - type: loss
       name: validation cross-entropy (nats/char)
@@ -89,18 +190,18 @@ model-index:
       value: {train:.4f}
 ---
 
-# {Path(cfg.out_dir).name}
+# {name}
 
 A character-level GPT from the "Let's build GPT" lesson, trained with gpt-serve on Tiny Shakespeare
 ({result['parameters']:,} parameters).
 
 | | |
 |---|---|
-| validation loss | **{val:.4f}** (mean of {cfg.eval_iters} random batches, step {result['step']}) |
+| validation loss | **{val:.4f}** (step {result['step']}, the {chosen}; mean of {cfg.eval_iters} random batches) |
 | train loss | {train:.4f} |
-| steps | {result['final_step']} x {cfg.batch_size * cfg.grad_accum} sequences of {mc.block_size} characters |
-| training wall time | {wall} (excluding evaluation) |
-| hardware | {hardware()} |
+| steps | {steps} |
+| wall time | {wall} |
+| hardware | {hardware(trainer.rt.device, trainer.rt.world_size)} |
 
 Command:
 

@@ -2,16 +2,21 @@
 
 GPU-first (bf16 autocast, TF32, fused AdamW, torch.compile on CUDA) and plain fp32 on CPU. Under `torchrun` it
 runs DDP (NCCL on CUDA, gloo on CPU); only rank 0 logs, plots and saves.
+
+Exact resume: the model's dropout draws from the global torch RNG, batches from `batch_gen`, and evaluation from
+a generator seeded by the step, so saving the model, optimizer, scheduler, step, both RNG states and the
+sampler state is enough for a resumed run to repeat an uninterrupted one.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import hashlib
+import inspect
 import logging
 import math
-import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -19,57 +24,85 @@ import torch.nn.functional as F
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
 
-from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .data import CharDataset, load_text
+from .report import append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
+from .runtime import setup_runtime
 
 logger = logging.getLogger(__name__)
 SCHEDULES = ("constant", "cosine")
+ARCH_KEYS = (
+    "vocab_size", "block_size", "n_embd", "n_head", "n_layer", "dropout", "attn_proj", "ffwd_mult", "ffwd_proj",
+    "residual", "layer_norm", "bias", "init", "initializer_range", "layer_norm_eps",
+)
+
+
+# What `model` may set: CharGPTConfig's own arguments, except the vocabulary size, which the corpus decides.
+MODEL_KEYS = tuple(
+    k for k in inspect.signature(CharGPTConfig.__init__).parameters if k not in ("self", "kwargs", "vocab_size")
+)
+
+
+def _opt(default, help: str):
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class TrainConfig:
-    """Training options. Every field is also a command-line flag of `python -m training`."""
+    """Training options. Every field except `model` is also a command-line flag of `python -m training`."""
 
-    out_dir: str = "out"
-    data: str | None = None  # path to the corpus; None downloads Tiny Shakespeare
-    batch_size: int = 32
-    grad_accum: int = 1  # micro-batches per optimizer step
-    learning_rate: float = 1e-3
-    schedule: str = "constant"  # "constant" (the lesson) or "cosine" (warmup + cosine decay to min_lr)
-    warmup_iters: int = 0
-    min_lr: float = 0.0
-    max_iters: int = 5000
-    weight_decay: float = 0.01  # AdamW's default, as in the lesson
-    beta1: float = 0.9
-    beta2: float = 0.999
-    grad_clip: float = 0.0  # 0 disables clipping
-    eval_interval: int = 500
-    eval_iters: int = 200
-    checkpoint_interval: int = 0  # 0: checkpoint at each evaluation
-    keep_best: bool = False  # save the weights with the best validation loss rather than the last
-    seed: int = 1337
-    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
-    compile: bool | None = None  # None: on for CUDA, off for CPU
-    threads: int = 0  # CPU threads per process (0: PyTorch's default)
-    resume: bool = False
-    sample_tokens: int = 300  # length of the sample written into the model card
+    out_dir: str = _opt("out", "output folder: the model, metrics.jsonl, loss.png, checkpoints/")
+    data: str | None = _opt(None, "UTF-8 corpus; default: Tiny Shakespeare, downloaded once into the user cache")
+    batch_size: int = _opt(32, "sequences per micro-batch (per process under torchrun)")
+    grad_accum: int = _opt(1, "micro-batches per optimizer step (gradient accumulation)")
+    learning_rate: float = _opt(1e-3, "peak AdamW learning rate")
+    schedule: str = _opt("constant", "'constant' (the lesson) or 'cosine' (warmup, then cosine decay to --min-lr)")
+    warmup_iters: int = _opt(0, "steps of linear warmup (both schedules)")
+    min_lr: float = _opt(0.0, "final learning rate of the cosine schedule")
+    max_iters: int = _opt(5000, "optimizer steps")
+    weight_decay: float = _opt(0.01, "AdamW weight decay on matrices (AdamW's default, as in the lesson)")
+    beta1: float = _opt(0.9, "AdamW beta1")
+    beta2: float = _opt(0.999, "AdamW beta2")
+    grad_clip: float = _opt(0.0, "clip the gradient norm to this value (0: no clipping)")
+    eval_interval: int = _opt(500, "evaluate every this many steps (and at step 0 and at the end)")
+    eval_iters: int = _opt(200, "batches per split averaged by each evaluation (the lesson's estimate_loss)")
+    checkpoint_interval: int = _opt(0, "checkpoint every this many steps (0: at each evaluation)")
+    keep_best: bool = _opt(False, "save the weights with the best validation loss rather than the last")
+    patience: int = _opt(0, "with --keep-best: stop after this many evaluations without improvement (0: never)")
+    seed: int = _opt(1337, "seed of the initial weights, dropout and batch sampling")
+    device: str = _opt("auto", "'auto' (CUDA if available), 'cpu', 'cuda' or 'cuda:N'")
+    compile: bool | None = _opt(None, "torch.compile the model (default: on for CUDA, off for CPU)")
+    threads: int = _opt(0, "CPU threads per process (0: PyTorch's default)")
+    resume: bool = _opt(False, "continue the run checkpointed in --out-dir exactly")
+    sample_tokens: int = _opt(300, "length of the sample written into the model card")
+    progress: bool = _opt(True, "show a progress bar (rank 0)")
     model: dict = field(default_factory=dict)  # CharGPTConfig keyword arguments
 
     def validate(self) -> None:
-        positive = ["batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters"]
-        for name in positive:
+        for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("grad_clip", "warmup_iters", "min_lr", "threads", "checkpoint_interval", "patience",
+                     "weight_decay", "sample_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.grad_clip < 0 or self.warmup_iters < 0 or self.min_lr < 0 or self.threads < 0:
-            raise ValueError("grad_clip, warmup_iters, min_lr and threads must be >= 0")
+        if self.patience and not self.keep_best:
+            raise ValueError("patience (early stopping) needs keep_best, so the best weights are the ones saved")
+        unknown = sorted(set(self.model) - set(MODEL_KEYS))
+        if unknown:
+            raise ValueError(f"unknown model config argument(s) {unknown}; CharGPTConfig takes {sorted(MODEL_KEYS)}")
+
+    @classmethod
+    def flag_fields(cls):
+        return [f for f in fields(cls) if f.name != "model"]
 
 
 def lr_factor(cfg: TrainConfig, step: int) -> float:
-    """Multiplier of `learning_rate` at `step` (what LambdaLR applies)."""
+    """Multiplier of `learning_rate` at `step` (what LambdaLR applies): linear warmup, then constant or cosine."""
     if step < cfg.warmup_iters:
         return (step + 1) / cfg.warmup_iters
     if cfg.schedule == "constant":
@@ -79,185 +112,171 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-@dataclass
-class Runtime:
-    """Where and how this process runs: device, precision, DDP rank."""
-
-    device: torch.device
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def ddp(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def autocast_dtype(self):
-        return torch.bfloat16 if self.device.type == "cuda" else None
-
-
-def setup_runtime(cfg: TrainConfig) -> Runtime:
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    want = cfg.device
-    if want == "auto":
-        want = "cuda" if torch.cuda.is_available() else "cpu"
-    if want.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {cfg.device!r} asked for CUDA, but no CUDA device is available")
-    if want == "cuda" and world_size > 1:
-        want = f"cuda:{local_rank}"
-    device = torch.device(want)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    if world_size > 1 and not torch.distributed.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        torch.distributed.init_process_group(backend=backend)
-    return Runtime(device, rank, world_size, local_rank)
-
-
 class Trainer:
-    """Trains a `CharGPTForCausalLM` on a text corpus and writes a `save_pretrained` folder."""
+    """Trains a `CharGPTForCausalLM` on a text corpus and writes a `save_pretrained` folder.
+
+    `text` is the corpus (default: read from `cfg.data`); `command` is recorded in the model card.
+    """
 
     def __init__(self, cfg: TrainConfig, text: str | None = None, command: str | None = None):
         cfg.validate()
         self.cfg = cfg
         self.command = command
-        self.rt = setup_runtime(cfg)
+        self.rt = setup_runtime(cfg.device, cfg.threads)
         self.out = Path(cfg.out_dir)
         text = text if text is not None else load_text(cfg.data)
+        self.data_sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
         self.tokenizer = CharTokenizer.from_corpus(text)
         self.model_config = CharGPTConfig(vocab_size=self.tokenizer.vocab_size, **cfg.model)
-        self.dataset = CharDataset(text, self.tokenizer, self.model_config.block_size)
+        self.dataset = CharDataset(text, self.tokenizer, self.model_config.block_size).to(self.rt.device)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = CharGPTForCausalLM(self.model_config).to(self.rt.device)
+        if self.rt.ddp:
+            torch.manual_seed(cfg.seed + 1 + self.rt.rank)  # but each rank its own dropout masks
         self.optimizer = self._make_optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(cfg, s))
         # Each rank draws its own batches; the generator state is the sampler state saved in checkpoints.
         self.batch_gen = torch.Generator().manual_seed(cfg.seed + 1000 * self.rt.rank)
         self.step = 0
-        self.best_val = float("inf")
+        self.best_val, self.best_step, self.evals_since_best, self.stopped_early = float("inf"), None, 0, False
         self.history: list[dict] = []
-        self.train_time = 0.0
-        self.forward_model = self.model
+        self.train_time = 0.0  # seconds spent in optimizer steps, over all sessions of this run
+        self.wall_time = 0.0  # seconds from start to end, evaluation and checkpoints included, over all sessions
+        self.tokens_per_step = cfg.batch_size * cfg.grad_accum * self.model_config.block_size * self.rt.world_size
+        self.ddp_model = self.model
         if self.rt.ddp:
             ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
-            self.forward_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
-        use_compile = cfg.compile if cfg.compile is not None else self.rt.device.type == "cuda"
-        if use_compile:
-            self.forward_model = torch.compile(self.forward_model)
+            self.ddp_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        self.compiled = cfg.compile if cfg.compile is not None else self.rt.device.type == "cuda"
+        self.forward_model = torch.compile(self.ddp_model) if self.compiled else self.ddp_model
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
-        # Weight decay on matrices only (not on biases, LayerNorm gains or... embeddings are matrices too).
+        # Weight decay on matrices (Linear weights and embeddings), not on biases or LayerNorm gains.
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         extra = {"fused": True} if self.rt.device.type == "cuda" else {}
-        return torch.optim.AdamW(
-            groups, lr=self.cfg.learning_rate, betas=(self.cfg.beta1, self.cfg.beta2), **extra
-        )
+        return torch.optim.AdamW(groups, lr=self.cfg.learning_rate, betas=(self.cfg.beta1, self.cfg.beta2), **extra)
 
     # -- state -------------------------------------------------------------------------------------------------
 
-    def _run_identity(self) -> dict:
+    def run_identity(self) -> dict:
         """Settings a checkpoint must share with the run resuming it."""
-        keys = ["batch_size", "grad_accum", "learning_rate", "schedule", "warmup_iters", "min_lr", "max_iters", "seed"]
+        keys = ["batch_size", "grad_accum", "learning_rate", "schedule", "warmup_iters", "min_lr", "max_iters", "seed",
+                "weight_decay", "grad_clip", "eval_interval", "eval_iters"]
         return {
-            "model_config": self.model_config.to_diff_dict(),
+            "model_config": {k: getattr(self.model_config, k) for k in ARCH_KEYS},
             "vocab": self.tokenizer.vocab.sha256,
+            "data_sha256": self.data_sha256,
             "world_size": self.rt.world_size,
+            "betas": [self.cfg.beta1, self.cfg.beta2],
             **{k: getattr(self.cfg, k) for k in keys},
         }
 
     def state_dict(self) -> dict:
+        """The checkpoint; collective under DDP (every rank contributes its RNG and sampler states)."""
+        cuda = self.rt.device.type == "cuda"
+        mine = {
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.rt.device) if cuda else None,
+            "batch_gen": self.batch_gen.get_state(),
+        }
         return {
-            "run": self._run_identity(),
+            "run": self.run_identity(),
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
             "best_val": self.best_val,
+            "best_step": self.best_step,
+            "evals_since_best": self.evals_since_best,
+            "stopped_early": self.stopped_early,
             "train_time": self.train_time,
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "batch_gen": self.batch_gen.get_state(),
+            "wall_time": self.wall_time,
+            "rank_states": self.rt.all_gather_object(mine),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(f"checkpoint does not fit this model/optimizer: {e}") from None
+        mine = state["rank_states"][self.rt.rank]
+        torch.set_rng_state(mine["torch_rng"])
+        if mine["cuda_rng"] is not None and self.rt.device.type == "cuda":
+            torch.cuda.set_rng_state(mine["cuda_rng"], self.rt.device)
+        self.batch_gen.set_state(mine["batch_gen"])
         self.step = state["step"]
         self.best_val = state["best_val"]
+        self.best_step = state.get("best_step")
+        self.evals_since_best = state.get("evals_since_best", 0)
+        self.stopped_early = state.get("stopped_early", False)
         self.train_time = state["train_time"]
-        torch.set_rng_state(state["torch_rng"])
-        if state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        self.batch_gen.set_state(state["batch_gen"])
+        self.wall_time = state.get("wall_time", self.train_time)
 
     def checkpoint_path(self) -> Path:
-        # Each DDP rank keeps its own sampler and RNG state.
-        name = CHECKPOINT_NAME if self.rt.world_size == 1 else f"checkpoint-rank{self.rt.rank}.pt"
-        return self.out / "checkpoints" / name
+        return self.out / "checkpoints" / CHECKPOINT_NAME
+
+    def best_weights_path(self) -> Path:
+        return self.out / "checkpoints" / BEST_NAME
+
+    def save_checkpoint(self) -> None:
+        state = self.state_dict()  # every rank takes part in gathering it
+        if self.rt.is_main:
+            save_checkpoint(self.checkpoint_path(), state)
 
     def resume(self) -> None:
-        state = load_checkpoint(self.checkpoint_path(), self._run_identity())
+        state = load_checkpoint(self.checkpoint_path(), self.run_identity())
         self.load_state_dict(state)
-        self.history = [m for m in read_metrics(self.out) if m["step"] <= self.step]
         if self.rt.is_main:
-            write_metrics(self.out, self.history)  # drop what a killed run logged after its last checkpoint
-        logger.info("resumed from step %d", self.step)
+            # Drop what a killed run logged after its last checkpoint; the resumed run logs it again.
+            self.history = [m for m in read_metrics(self.out) if m["step"] <= self.step]
+            write_metrics(self.out, self.history)
+            if self.history:
+                save_loss_plot(self.history, self.out / "loss.png", title=self.out.name)
+        logger.info("resumed %s from step %d", self.checkpoint_path(), self.step)
 
     # -- the loop ----------------------------------------------------------------------------------------------
 
     def loss_on(self, x: torch.Tensor, y: torch.Tensor, model=None) -> torch.Tensor:
-        model = model or self.forward_model
-        x, y = x.to(self.rt.device, non_blocking=True), y.to(self.rt.device, non_blocking=True)
-        with torch.autocast(self.rt.device.type, dtype=self.rt.autocast_dtype, enabled=self.rt.autocast_dtype is not None):
+        """Mean cross-entropy of predicting `y` from `x`, both (B, T), in fp32 (bf16 autocast inside on CUDA)."""
+        model = model if model is not None else self.forward_model
+        with self.rt.autocast():
             logits = model(input_ids=x, use_cache=False).logits  # (B, T, vocab)
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
 
     @torch.no_grad()
     def estimate_loss(self) -> dict[str, float]:
-        """The lesson's `estimate_loss`: mean loss over `eval_iters` random batches of each split.
+        """The lesson's `estimate_loss`: mean loss over `eval_iters` random batches of each split (all ranks').
 
-        Uses its own generator (seeded by the step) so evaluating never shifts the training batches.
+        Uses its own generator, seeded by the step, so evaluating never shifts the training batches.
         """
         self.model.eval()
         out = {}
         for split in ("train", "val"):
             gen = torch.Generator().manual_seed(self.cfg.seed + 7919 * (self.step + 1) + self.rt.rank)
-            losses = torch.zeros(self.cfg.eval_iters)
+            losses = torch.zeros(self.cfg.eval_iters, device=self.rt.device)
             for i in range(self.cfg.eval_iters):
                 x, y = self.dataset.get_batch(split, self.cfg.batch_size, gen)
                 losses[i] = self.loss_on(x, y, self.model)
-            mean = losses.mean().to(self.rt.device)
-            if self.rt.ddp:
-                torch.distributed.all_reduce(mean)
-                mean /= self.rt.world_size
-            out[split] = float(mean)
+            out[split] = float(self.rt.mean(losses.mean()))
         self.model.train()
         return out
 
-    def train_step(self) -> float:
-        total = 0.0
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step over `grad_accum` micro-batches; returns the mean loss (a tensor, not synced)."""
+        total = torch.zeros((), device=self.rt.device)
         for micro in range(self.cfg.grad_accum):
             x, y = self.dataset.get_batch("train", self.cfg.batch_size, self.batch_gen)
-            sync = micro == self.cfg.grad_accum - 1
-            ctx = self.forward_model.no_sync() if (self.rt.ddp and not sync and hasattr(self.forward_model, "no_sync")) else _nullcontext()
-            with ctx:
+            last = micro == self.cfg.grad_accum - 1
+            # Under DDP, gradients are all-reduced only on the last micro-batch.
+            sync = contextlib.nullcontext() if (last or not self.rt.ddp) else self.ddp_model.no_sync()
+            with sync:
                 loss = self.loss_on(x, y) / self.cfg.grad_accum
                 loss.backward()
-            total += float(loss.detach())
+            total += loss.detach()
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
@@ -266,63 +285,98 @@ class Trainer:
         return total
 
     def fit(self) -> dict:
-        """Runs to `max_iters`, evaluating and checkpointing; returns the final metrics."""
-        from .report import progress_bar, save_loss_plot
+        """Runs to `max_iters` (or early stop), evaluating and checkpointing; returns the final metrics."""
+        try:
+            self._start()
+            self._loop()
+            return self._finish()
+        finally:
+            self.rt.close()
 
-        cfg = self.cfg
-        if cfg.resume:
+    def _start(self) -> None:
+        if self.cfg.resume:
             self.resume()
-        elif self.rt.is_main and self.checkpoint_path().exists():
+            return
+        if self.checkpoint_path().exists():
             raise ValueError(
-                f"{self.out} already holds a checkpoint; pass --resume to continue it or choose another --out"
+                f"{self.out} already holds a checkpoint ({self.checkpoint_path()}); pass --resume to continue that "
+                f"run, or choose another --out"
             )
         if self.rt.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            write_metrics(self.out, [])  # a fresh run starts a fresh log
+            self.best_weights_path().unlink(missing_ok=True)
         self.model.train()
-        tokens_per_step = cfg.batch_size * cfg.grad_accum * self.model_config.block_size * self.rt.world_size
-        bar = progress_bar(self.step, cfg.max_iters, disable=not self.rt.is_main)
+        t0 = time.perf_counter()
+        self._evaluate()  # step 0, as in the lesson
+        self.wall_time += time.perf_counter() - t0
+
+    def _loop(self) -> None:
+        cfg = self.cfg
+        bar = progress_bar(self.step, cfg.max_iters, disable=not (cfg.progress and self.rt.is_main))
         ckpt_every = cfg.checkpoint_interval or cfg.eval_interval
         t_last = time.perf_counter()
-        while self.step < cfg.max_iters:
+        shown_step, shown_time = self.step, self.train_time  # tokens/s on the bar: over the last few steps
+        while self.step < cfg.max_iters and not self.stopped_early:
             loss = self.train_step()
             self.step += 1
             now = time.perf_counter()
             self.train_time += now - t_last
+            self.wall_time += now - t_last
             t_last = now
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_step * (bar.format_dict['rate'] or 0):,.0f}")
+            if not bar.disable and (self.step % 10 == 0 or self.step == cfg.max_iters):
+                tok_s = (self.step - shown_step) * self.tokens_per_step / max(self.train_time - shown_time, 1e-9)
+                bar.set_postfix(loss=f"{float(loss):.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+                shown_step, shown_time = self.step, self.train_time
             if self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters:
-                losses = self.estimate_loss()
-                record = {"step": self.step, "train_loss": losses["train"], "val_loss": losses["val"],
-                          "lr": self.scheduler.get_last_lr()[0], "time_s": round(self.train_time, 2)}
-                self.history.append(record)
-                if cfg.keep_best and losses["val"] < self.best_val and self.rt.is_main:
-                    save_checkpoint(self.best_weights_path(), {"model": self.model.state_dict(), "step": self.step})
-                self.best_val = min(self.best_val, losses["val"])
-                if self.rt.is_main:
-                    bar.write(f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                    append_metric(self.out, record)
-                    save_loss_plot(self.history, self.out / "loss.png")
-                t_last = time.perf_counter()  # evaluation is not training time
-            if self.step % ckpt_every == 0 and self.step < cfg.max_iters:
-                save_checkpoint(self.checkpoint_path(), self.state_dict())
+                self.stopped_early = self._evaluate()
+            if self.step % ckpt_every == 0 or self.step == cfg.max_iters or self.stopped_early:
+                self.save_checkpoint()
+            now = time.perf_counter()
+            self.wall_time += now - t_last  # evaluation and checkpoints count as wall time, not training time
+            t_last = now
         bar.close()
-        return self._finish()
 
-    def best_weights_path(self) -> Path:
-        return self.out / "checkpoints" / "best.pt"
+    def _evaluate(self) -> bool:
+        """Evaluates, logs, plots and keeps the best weights; returns whether patience ran out."""
+        losses = self.estimate_loss()
+        previous = self.history[-1] if self.history else None
+        tokens = self.step * self.tokens_per_step
+        record = {
+            "step": self.step, "train_loss": losses["train"], "val_loss": losses["val"],
+            "lr": self.scheduler.get_last_lr()[0],  # the learning rate of the next step
+            "tokens": tokens, "time_s": round(self.train_time, 2),
+        }
+        if previous is not None and self.train_time > previous["time_s"]:
+            record["tokens_per_s"] = round((tokens - previous["tokens"]) / (self.train_time - previous["time_s"]), 1)
+        self.history.append(record)
+        improved = losses["val"] < self.best_val
+        if improved:
+            self.best_val, self.best_step, self.evals_since_best = losses["val"], self.step, 0
+        else:
+            self.evals_since_best += 1
+        if self.rt.is_main:
+            if self.cfg.keep_best and improved:
+                save_checkpoint(self.best_weights_path(), {"model": self.model.state_dict(), "step": self.step})
+            logger.info("step %d: train loss %.4f, val loss %.4f", self.step, losses["train"], losses["val"])
+            append_metric(self.out, record)
+            save_loss_plot(self.history, self.out / "loss.png", title=self.out.name)
+        stop = bool(self.cfg.patience) and self.evals_since_best >= self.cfg.patience
+        if stop:
+            logger.info("early stop at step %d: no better val loss in %d evaluations", self.step, self.cfg.patience)
+        return stop
 
     def _finish(self) -> dict:
-        from .report import write_model_card
-
         chosen = self.history[-1] if self.history else {}
         if self.cfg.keep_best and self.best_weights_path().exists():
-            best = load_checkpoint(self.best_weights_path(), {})
+            best = read_checkpoint(self.best_weights_path())
             self.model.load_state_dict(best["model"])
-            chosen = next(m for m in self.history if m["step"] == best["step"])
+            chosen = next((m for m in self.history if m["step"] == best["step"]), chosen)
         result = {
             "step": chosen.get("step"), "train_loss": chosen.get("train_loss"), "val_loss": chosen.get("val_loss"),
-            "final_step": self.step, "train_time_s": round(self.train_time, 1),
+            "final_step": self.step, "stopped_early": self.stopped_early,
+            "train_time_s": round(self.train_time, 1), "wall_time_s": round(self.wall_time, 1),
             "parameters": sum(p.numel() for p in self.model.parameters()),
         }
         if self.rt.is_main:
@@ -331,33 +385,6 @@ class Trainer:
             self.model.save_pretrained(self.out)
             self.tokenizer.save_pretrained(self.out)
             write_model_card(self, result)
-        if self.rt.ddp:
-            torch.distributed.barrier()
+            logger.info("saved the model to %s (val loss %.4f, step %s)", self.out, result["val_loss"], result["step"])
+        self.rt.barrier()
         return result
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def read_metrics(out: Path) -> list[dict]:
-    path = Path(out) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def write_metrics(out: Path, records: list[dict]) -> None:
-    path = Path(out) / "metrics.jsonl"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    os.replace(tmp, path)
-
-
-def append_metric(out: Path, record: dict) -> None:
-    with open(Path(out) / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(record) + "\n")
