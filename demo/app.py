@@ -4,9 +4,10 @@ preload) does, once, and every later request shares it.
 Events:
 - `/generate` (public API, `gr.api`): a plain generator yielding the generated text so far; bad input raises
   `gr.Error` with a message naming it.
-- The Generate button (UI only): the same stream, plus live stats; then (`.then`, so also after Stop) the
-  attention view of the prompt. The Stop button cancels the stream and the ladder comparison; Gradio closes the
-  generator, which ends the generation loop (see `demo.generation`).
+- The Generate button (UI only): the same stream, plus live stats; then the attention view of the prompt. Each
+  run gets a ticket from the page; the Stop button sends the tickets back and the run's loop ends after its
+  current token (`StopRequests`). A client that disconnects (or a `gradio_client` job that is cancelled) makes
+  Gradio close the generator, which also ends the loop (see `demo.generation`).
 - Compare the ladder (UI only): the same prompt, seed and settings through every ladder stage, side by side.
 
 All generation events share one concurrency group of `concurrency` slots: many users stream at once instead of
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import gradio as gr
 
@@ -27,6 +29,7 @@ from .generation import (
     GenerationRequest,
     Limits,
     Progress,
+    StopRequests,
     clean_prompt,
     parse_request,
     stream_progress,
@@ -51,6 +54,8 @@ WINDOW_CHOICES = [
     ("exact: the lesson's last block_size tokens (a full forward per token)", "exact"),
     ("refill: restart the cache from the last block_size/2 tokens (faster)", "refill"),
 ]
+# A fresh ticket for each run started from the page; Stop sends the tickets back (see `StopRequests`).
+NEW_TICKET_JS = "() => Math.random().toString(36).slice(2) + Date.now().toString(36)"
 CSS = "#output textarea, .ladder textarea {font-family: ui-monospace, SFMono-Regular, Menlo, monospace;}"
 INTRO = """# gpt-serve: the "Let's build GPT" model, live
 A character-level GPT trained on Tiny Shakespeare: one token per character. Type a prompt (a speaker's name and a
@@ -65,6 +70,15 @@ def format_stats(p: Progress, request: GenerationRequest) -> str:
     return (
         f"**{p.tokens}** / {request.max_new_tokens} tokens · **{speed}** tokens/s · first token **{ttft}** · "
         f"{BACKENDS[request.backend]} · model `{request.model}` · seed {seed}"
+    )
+
+
+def attention_caption(weights, layer: int) -> str:
+    n_layer, n_head, T, _ = weights.shape
+    return (
+        f"Layer {layer} of {n_layer} · {n_head} heads · the last {T} prompt characters. Row t: how query position t "
+        f"spreads its attention over key positions 0..t (rows sum to 1; colour = √weight; grey = future positions, "
+        f"masked)."
     )
 
 
@@ -104,6 +118,7 @@ def build_demo(
     registry = registry or ModelRegistry.discover()
     limits = limits or Limits()
     activity = activity or Activity()
+    stops = StopRequests()
     model_value = registry.default_model(default_model)
     stream_group = dict(concurrency_limit=concurrency, concurrency_id="generation")
 
@@ -142,7 +157,9 @@ def build_demo(
             logger.exception("generation failed")
             raise gr.Error(f"generation failed: {type(e).__name__}: {e}", print_exception=False) from None
 
-    def ui_generate(prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, model, window_mode, replace):
+    def ui_generate(
+        prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, model, window_mode, replace, ticket=None
+    ):
         try:
             request = parse_request(
                 registry, limits, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -151,14 +168,18 @@ def build_demo(
             )
             shown = clean_prompt(registry.vocab(request.model), request.prompt, request.unk_policy)
             yield shown, "", "Generating…"
-            for p in throttle(stream_progress(registry, request, activity), stream_interval):
-                yield shown + p.text, format_stats(p, request), "Done." if p.done else "Generating…"
+            progress = stream_progress(registry, request, activity, should_stop=lambda: stops.is_stopped(ticket))
+            for p in throttle(progress, stream_interval):
+                status = "Stopped." if p.stopped else "Done." if p.done else "Generating…"
+                yield shown + p.text, format_stats(p, request), status
         except DemoInputError as e:
             gr.Warning(str(e))
             yield gr.skip(), "", f"⚠️ {e}"
         except Exception as e:
             logger.exception("generation failed")
             yield gr.skip(), "", f"⚠️ generation failed: {type(e).__name__}: {e}"
+        finally:
+            stops.forget(ticket)
 
     def ui_attention(prompt, model, replace, layer):
         try:
@@ -169,20 +190,15 @@ def build_demo(
             weights = prompt_attention(torch_model, vocab.encode(text))  # (L, H, T, T)
         except DemoInputError as e:
             return None, None, gr.skip(), f"No attention view: {e}"
-        n_layer, n_head, T, _ = weights.shape
-        layer = layer if isinstance(layer, int) and 0 <= layer < n_layer else n_layer - 1
-        caption = (
-            f"Layer {layer} of {n_layer} · {n_head} heads · the last {T} prompt characters. Row t: how query "
-            f"position t spreads its attention over key positions 0..t (rows sum to 1; colour = √weight; grey = "
-            f"future positions, masked)."
-        )
+        n_layer = len(weights)
+        layer = layer if isinstance(layer, int) and 0 <= layer < n_layer else 0
         layers = gr.Radio(choices=[(f"layer {i}", i) for i in range(n_layer)], value=layer)
-        return render_heads(weights[layer]), weights, layers, caption
+        return render_heads(weights[layer]), weights, layers, attention_caption(weights, layer)
 
     def ui_layer(weights, layer):
         if weights is None or not isinstance(layer, int) or not 0 <= layer < len(weights):
-            return gr.skip()
-        return render_heads(weights[layer])
+            return gr.skip(), gr.skip()
+        return render_heads(weights[layer]), attention_caption(weights, layer)
 
     def ui_model_info(model, backend):
         try:
@@ -198,7 +214,7 @@ def build_demo(
 
     ladder = [n for n in LADDER_MODELS if n in registry.names]
 
-    def ui_compare(prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, window_mode, replace):
+    def ui_compare(prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, window_mode, replace, ticket=None):
         try:
             base = parse_request(
                 registry, limits, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -208,14 +224,25 @@ def build_demo(
         except DemoInputError as e:
             yield *[gr.skip()] * len(ladder), f"⚠️ {e}"
             return
+        def should_stop():
+            return stops.is_stopped(ticket)
+
         streams = []
         for name in ladder:
             reason = registry.unavailable_reason(name, base.backend)
             request = dataclasses.replace(base, model=name)
-            streams.append(reason or stream_progress(registry, request, activity))
+            streams.append(reason or stream_progress(registry, request, activity, should_stop=should_stop))
         status = f"Same prompt, seed {base.seed} and settings through every stage."
-        for texts in stream_side_by_side(streams, stream_interval):
-            yield *texts, status
+        try:
+            for texts in stream_side_by_side(streams, stream_interval):
+                yield *texts, status
+            if should_stop():
+                yield *[gr.skip()] * len(ladder), "Stopped."
+        finally:
+            stops.forget(ticket)
+
+    def ui_stop(*tickets):
+        stops.stop(*tickets)
 
     with gr.Blocks(title="gpt-serve: Let's build GPT", analytics_enabled=False) as demo:
         gr.Markdown(INTRO)
@@ -260,8 +287,10 @@ def build_demo(
                 label="Attention heat maps (query position ↓ × key position →)", type="numpy", format="png",
                 interactive=False, elem_id="attention", buttons=["download", "fullscreen"],
             )
-            attention_caption = gr.Markdown(elem_id="attention-caption")
+            caption = gr.Markdown(elem_id="attention-caption")
             attention_state = gr.State(None)
+        gen_ticket = gr.Textbox(visible="hidden", elem_id="gen-ticket")
+        compare_ticket = gr.Textbox(visible="hidden", elem_id="compare-ticket")
         with gr.Accordion("Compare the ladder: what each lesson component buys", open=False):
             gr.Markdown(
                 "Runs the prompt, seed and sampling settings above through every stage of the lesson's ladder "
@@ -277,25 +306,29 @@ def build_demo(
             compare_status = gr.Markdown()
 
         sampling = [max_new_tokens, temperature, top_k, top_p, seed]
-        gen_event = generate_btn.click(
-            ui_generate, [prompt, *sampling, backend, model, window_mode, replace], [output, stats, status],
-            api_visibility="private", **stream_group,
+        private = dict(api_visibility="private")
+        gen_event = generate_btn.click(None, None, gen_ticket, js=NEW_TICKET_JS, queue=False, **private).then(
+            ui_generate, [prompt, *sampling, backend, model, window_mode, replace, gen_ticket], [output, stats, status],
+            **private, **stream_group,
         )
-        gen_event.then(
-            ui_attention, [prompt, model, replace, layer], [heatmap, attention_state, layer, attention_caption],
-            api_visibility="private", concurrency_limit=concurrency, concurrency_id="attention",
+        gen_event.then(  # also after Stop: the view is of the prompt
+            ui_attention, [prompt, model, replace, layer], [heatmap, attention_state, layer, caption], **private,
+            concurrency_limit=concurrency, concurrency_id="attention",
         )
-        layer.input(ui_layer, [attention_state, layer], heatmap, api_visibility="private", queue=False)
-        compare_event = compare_btn.click(
-            ui_compare, [prompt, *sampling, backend, window_mode, replace], [*ladder_outputs, compare_status],
-            api_visibility="private", **stream_group,
+        layer.input(ui_layer, [attention_state, layer], [heatmap, caption], queue=False, **private)
+        compare_btn.click(None, None, compare_ticket, js=NEW_TICKET_JS, queue=False, **private).then(
+            ui_compare, [prompt, *sampling, backend, window_mode, replace, compare_ticket],
+            [*ladder_outputs, compare_status], **private, **stream_group,
         )
-        stop_btn.click(lambda: "Stopped.", None, status, cancels=[gen_event, compare_event], queue=False,
-                       api_visibility="private")
+        stop_btn.click(ui_stop, [gen_ticket, compare_ticket], None, queue=False, **private)
         for trigger in (model.change, backend.change, demo.load):
-            trigger(ui_model_info, [model, backend], model_info, api_visibility="private", queue=False)
+            trigger(ui_model_info, [model, backend], model_info, queue=False, **private)
         gr.api(generate, api_name="generate", **stream_group)
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
-    demo.activity = activity  # the counters, for tests and benchmarks
-    demo.registry = registry
+    # for tests and benchmarks: the counters, the models, and the event functions callable without a browser
+    demo.activity, demo.registry, demo.stops = activity, registry, stops
+    demo.handlers = SimpleNamespace(
+        generate=generate, ui_generate=ui_generate, ui_attention=ui_attention, ui_layer=ui_layer,
+        ui_model_info=ui_model_info, ui_compare=ui_compare, ui_stop=ui_stop,
+    )
     return demo

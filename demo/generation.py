@@ -66,6 +66,7 @@ class Progress:
     elapsed: float  # seconds since the request
     decode_seconds: float  # seconds from the first token to the latest one
     done: bool = False
+    stopped: bool = False  # ended early because the user asked (`should_stop`)
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -78,17 +79,18 @@ class Progress:
 class Activity:
     """Counts of live and finished streams and of tokens generated, shared by all requests (thread-safe).
 
-    `active` is the number of generation loops running now; `tokens` grows by one per forward pass, so a test (or
-    an operator) can see that a stopped stream really stopped computing.
+    `active` is the number of generation loops running now (`peak`: the most at once); `tokens` grows by one per
+    forward pass, so a test (or an operator) can see that a stopped stream really stopped computing.
     """
 
     def __init__(self):
         self._lock = threading.Lock()
-        self.active = self.started = self.finished = self.tokens = 0
+        self.active = self.peak = self.started = self.finished = self.tokens = 0
 
     def begin(self) -> None:
         with self._lock:
             self.active += 1
+            self.peak = max(self.peak, self.active)
             self.started += 1
 
     def token(self) -> None:
@@ -102,7 +104,9 @@ class Activity:
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
-            return dict(active=self.active, started=self.started, finished=self.finished, tokens=self.tokens)
+            return dict(
+                active=self.active, peak=self.peak, started=self.started, finished=self.finished, tokens=self.tokens
+            )
 
 
 def _integer(name: str, value, lo: int, hi: int, hint: str = "") -> int:
@@ -176,6 +180,38 @@ def parse_request(
     )
 
 
+class StopRequests:
+    """The UI's Stop button: tickets (random strings the page gives each run) of the runs asked to stop.
+
+    A stream polls `is_stopped(ticket)` after every token and ends cleanly, so the page receives a normal end of
+    stream. (Gradio's `cancels=` also ends the run, but under load the page then often shows its outputs in an
+    error state: diffs still in flight arrive after the cancel.) A ticket stopped before its run leaves the queue
+    stops that run as soon as it starts. Tickets are forgotten when their run ends or after `max_age` seconds.
+    """
+
+    def __init__(self, max_age: float = 3600.0):
+        self._lock = threading.Lock()
+        self._stopped: dict[str, float] = {}
+        self.max_age = max_age
+
+    def stop(self, *tickets: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for ticket in tickets:
+                if isinstance(ticket, str) and ticket:
+                    self._stopped[ticket] = now
+            for ticket, at in list(self._stopped.items()):
+                if now - at > self.max_age:
+                    del self._stopped[ticket]
+
+    def is_stopped(self, ticket: str | None) -> bool:
+        return bool(ticket) and ticket in self._stopped
+
+    def forget(self, ticket: str | None) -> None:
+        with self._lock:
+            self._stopped.pop(ticket, None)
+
+
 def clean_prompt(vocab, prompt: str, unk_policy: str) -> str:
     """The prompt with unknown characters handled; DemoInputError naming them (and the opt-in) otherwise."""
     unknown = vocab.unknown(prompt)
@@ -197,9 +233,14 @@ def stream_progress(
     registry: ModelRegistry,
     request: GenerationRequest,
     activity: Activity | None = None,
+    should_stop: Callable[[], bool] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[Progress]:
-    """One `Progress` per generated token, then a last one with `done=True`. Loads the backend on first use."""
+    """One `Progress` per generated token, then a last one with `done=True`. Loads the backend on first use.
+
+    `should_stop` is polled before the first token and after every token; once it returns True the stream ends
+    (the last `Progress` has `stopped=True`) and no further forward pass runs.
+    """
     start = clock()
     loaded = registry.backend(request.model, request.backend)
     prompt = clean_prompt(loaded.vocab, request.prompt, request.unk_policy)
@@ -209,16 +250,20 @@ def stream_progress(
     )
     activity = activity or Activity()
     activity.begin()
-    text, first_at, now = "", None, start
+    text, first_at, now, stopped = "", None, start, False
     try:
-        for piece in pieces:
+        stopped = should_stop is not None and should_stop()
+        for piece in () if stopped else pieces:
             now = clock()
             first_at = now if first_at is None else first_at
             text += piece
             activity.token()
             yield Progress(text, len(text), first_at - start, now - start, now - first_at)
+            if should_stop is not None and should_stop():
+                stopped = True
+                break
         ttft = None if first_at is None else first_at - start
-        yield Progress(text, len(text), ttft, clock() - start, now - (first_at or now), done=True)
+        yield Progress(text, len(text), ttft, clock() - start, now - (first_at or now), done=True, stopped=stopped)
     finally:
         pieces.close()
         activity.end()

@@ -1,0 +1,229 @@
+"""The demo's streaming without a server: the /generate function, the stats, the throttle, stopping, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import gradio as gr
+import pytest
+
+from demo.app import build_demo
+from demo.generation import (
+    Activity,
+    DemoInputError,
+    Limits,
+    Progress,
+    StopRequests,
+    parse_request,
+    stream_progress,
+    stream_side_by_side,
+    throttle,
+)
+from demo.registry import LoadedBackend
+from gpt_serve.engine import generate_text
+
+GOOD = dict(
+    prompt="ROMEO:", max_new_tokens=40, temperature=1.0, top_k=None, top_p=1.0, seed=3, backend="torch", model="tiny"
+)
+
+
+@pytest.fixture(scope="module")
+def handlers(registry):
+    """The app's event functions, streaming every token (no throttle)."""
+    return build_demo(registry, default_model="tiny", stream_interval=0.0, limits=Limits(max_new_tokens=500)).handlers
+
+
+def test_generate_yields_growing_prefixes_and_ends_at_requested_length(handlers):
+    outs = list(handlers.generate("ROMEO:", max_new_tokens=50, seed=0, model="tiny"))
+    assert len(outs) == 50  # no throttle: one result per token
+    assert [len(o) for o in outs] == list(range(1, 51))
+    assert all(b.startswith(a) for a, b in zip(outs, outs[1:], strict=False))
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx", "onnx-int8"])
+@pytest.mark.parametrize("window_mode", ["exact", "refill"])
+def test_every_backend_streams_past_block_size(handlers, backend, window_mode):
+    outs = list(handlers.generate("ROMEO:", max_new_tokens=40, seed=1, backend=backend, window_mode=window_mode))
+    assert len(outs[-1]) == 40  # tiny's block_size is 16: the window slides
+
+
+def test_demo_text_is_the_engines_text(handlers, registry):
+    """Same seed -> the same text as the engine called directly; greedy ONNX fp32 matches greedy PyTorch."""
+    loaded = registry.backend("tiny", "torch")
+    expected = generate_text(loaded.backend, loaded.vocab, "ROMEO:", 60, temperature=0.8, top_k=20, seed=7)
+    got = list(handlers.generate("ROMEO:", 60, temperature=0.8, top_k=20, seed=7, model="tiny"))[-1]
+    assert got == expected
+    greedy = [list(handlers.generate("JULIET:", 30, temperature=0, backend=b))[-1] for b in ("torch", "onnx")]
+    assert greedy[0] == greedy[1]
+
+
+def test_progress_reports_stats(registry):
+    request = parse_request(registry, Limits(), **GOOD)
+    progress = list(stream_progress(registry, request))
+    assert [p.tokens for p in progress] == [*range(1, 41), 40]
+    assert [p.done for p in progress] == [False] * 40 + [True]
+    last = progress[-1]
+    assert 0 < last.time_to_first_token <= last.elapsed
+    assert last.tokens_per_second > 0
+    assert progress[0].tokens_per_second is None  # one token: no decode speed yet
+
+
+def test_throttle_keeps_first_latest_and_final():
+    ticks = iter(range(0, 1000, 10))  # a fake clock in milliseconds, 10 ms per token
+    states = [Progress("x" * i, i, 0.0, 0.0, 0.0, done=i == 20) for i in range(1, 21)]
+    kept = list(throttle(iter(states), interval=50, clock=lambda: next(ticks)))
+    assert [p.tokens for p in kept] == [1, 6, 11, 16, 20]
+
+
+def test_closing_the_stream_stops_the_compute(registry):
+    """Gradio closes the generator on Stop or disconnect: no forward pass happens after that."""
+    loaded = registry.backend("tiny", "torch")
+    calls = []
+
+    class Counting:
+        block_size, vocab_size = loaded.backend.block_size, loaded.backend.vocab_size
+
+        def forward(self, *args):
+            calls.append(1)
+            return loaded.backend.forward(*args)
+
+    class Registry(type(registry)):
+        def backend(self, name, backend):
+            return LoadedBackend(Counting(), loaded.vocab, loaded.block_size, 0.0)
+
+    counting = Registry(registry.folders, threads=1)
+    activity = Activity()
+    request = parse_request(counting, Limits(), **{**GOOD, "max_new_tokens": 500})
+    stream = stream_progress(counting, request, activity)
+    for _ in range(5):
+        next(stream)
+    assert activity.snapshot()["active"] == 1
+    stream.close()
+    assert len(calls) == 5 and activity.snapshot() == dict(active=0, peak=1, started=1, finished=1, tokens=5)
+
+
+BAD_INPUTS = [
+    (dict(prompt=""), "the prompt is empty"),
+    (dict(prompt="ROMEO: é ü"), "2 character(s) outside this model's vocabulary: 'é' (position 7), 'ü' (position 9)"),
+    (dict(prompt="x" * 10_001), "the prompt is 10001 characters long; the limit is 10000"),
+    (dict(prompt=None), "prompt must be text"),
+    (dict(max_new_tokens=10**9), "max_new_tokens must be in [1, 500]"),
+    (dict(max_new_tokens=0), "max_new_tokens must be in [1, 500]"),
+    (dict(max_new_tokens=2.5), "max_new_tokens must be a whole number"),
+    (dict(max_new_tokens="many"), "max_new_tokens must be an integer"),
+    (dict(temperature=-1), "temperature must be in [0, 10]"),
+    (dict(temperature=float("nan")), "temperature must be in [0, 10]"),
+    (dict(temperature=1e9), "temperature must be in [0, 10]"),
+    (dict(top_k=-3), "top_k must be in [0, 1000000]"),
+    (dict(top_p=0), "top_p must be in (0, 1]"),
+    (dict(top_p=1.5), "top_p must be in (0, 1]"),
+    (dict(seed=-5), "seed must be in [0, 4294967295]"),
+    (dict(seed=2**40), "seed must be in [0, 4294967295]"),
+    (dict(backend="cuda"), "unknown backend 'cuda': choose one of 'torch'"),
+    (dict(model="gpt-4"), "unknown model 'gpt-4': choose one of"),
+    (dict(model="ladder-c"), "model 'ladder-c' is not available on this server: no model folder at"),
+    (dict(model="ladder-a", backend="onnx"), "ONNX Runtime fp32 is not available for model 'ladder-a'"),
+    (dict(window_mode="sideways"), "window_mode must be one of ['exact', 'refill']"),
+    (dict(unk_policy="ignore"), "unk_policy must be one of ['error', 'drop', 'replace']"),
+]
+
+
+@pytest.mark.parametrize(("bad", "message"), BAD_INPUTS, ids=[m[:28] for _, m in BAD_INPUTS])
+def test_bad_input_gets_a_clear_error(handlers, bad, message):
+    kwargs = {**GOOD, **bad}
+    with pytest.raises(gr.Error) as api_error:
+        list(handlers.generate(**kwargs))
+    assert message in api_error.value.message
+    if "unk_policy" in bad:
+        return  # the UI offers only a checkbox (replace or not)
+    # the UI shows the same message in its status line and keeps the previous output
+    ui = {k: v for k, v in kwargs.items() if k not in ("window_mode", "unk_policy")}
+    with pytest.warns(UserWarning):  # gr.Warning outside a request becomes a Python warning
+        updates = list(handlers.ui_generate(*ui.values(), kwargs.get("window_mode", "exact"), False))
+    assert updates[-1][2].startswith("⚠️") and message in updates[-1][2]
+
+
+def test_unknown_characters_can_be_replaced(handlers):
+    assert len(list(handlers.generate("ROMEO: é", 20, seed=0, unk_policy="replace"))[-1]) == 20
+    updates = list(handlers.ui_generate("ROMEO: é", 20, 1.0, 0, 1.0, 0, "torch", "tiny", "exact", True))
+    assert updates[-1][0].startswith("ROMEO:  ") and updates[-1][2] == "Done."
+
+
+def test_ui_stream_shows_prompt_then_text_and_stats(handlers):
+    updates = list(handlers.ui_generate("ROMEO:", 30, 1.0, 0, 1.0, -1, "torch", "tiny", "exact", False))
+    assert updates[0] == ("ROMEO:", "", "Generating…")
+    text, stats, status = updates[-1]
+    assert len(text) == len("ROMEO:") + 30 and status == "Done."
+    assert "**30** / 30 tokens" in stats and "tokens/s" in stats and "first token" in stats and "(random)" in stats
+
+
+def test_seed_minus_one_and_none_are_random(registry):
+    seeds = {parse_request(registry, Limits(), **{**GOOD, "seed": s}).seed for s in (None, -1, None, -1.0)}
+    assert len(seeds) > 1
+
+
+def test_side_by_side_streams_every_stage(registry):
+    base = parse_request(registry, Limits(), **{**GOOD, "max_new_tokens": 25})
+    streams = [
+        stream_progress(registry, dataclasses.replace(base, model="ladder-a")),
+        "ladder-c is missing",
+        stream_progress(registry, dataclasses.replace(base, model="ladder-b")),
+    ]
+    final = list(stream_side_by_side(streams, interval=0.0))[-1]
+    assert [len(final[0]), final[1], len(final[2])] == [25, "ladder-c is missing", 25]
+    assert final[0] != final[2]  # different models, same seed
+
+
+def test_ui_compare_runs_the_ladder(handlers):
+    final = list(handlers.ui_compare("ROMEO:", 12, 1.0, 0, 1.0, 5, "torch", "exact", False))[-1]
+    a, b, c, d, e, status = final
+    assert len(a) == len(b) == 12
+    assert all("'ladder-" in t and "is not available" in t for t in (c, d, e))
+    assert "seed 5" in status
+
+
+def test_backends_load_once_and_are_shared(models_root):
+    from demo.registry import ModelRegistry
+
+    fresh = ModelRegistry.discover(models_root=models_root, threads=1)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(fresh.backend("tiny", "onnx"))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(r.backend) for r in results}) == 1
+    assert fresh.is_loaded("tiny", "onnx") and not fresh.is_loaded("tiny", "onnx-int8")
+
+
+def test_parse_request_rejects_unknown_model_before_loading(registry):
+    with pytest.raises(DemoInputError, match="unknown model"):
+        parse_request(registry, Limits(), **{**GOOD, "model": "../etc"})
+
+
+def test_stop_requests_end_the_stream_after_the_current_token(registry):
+    stops = StopRequests()
+    request = parse_request(registry, Limits(), **{**GOOD, "max_new_tokens": 500})
+    activity = Activity()
+    stream = stream_progress(registry, request, activity, should_stop=lambda: stops.is_stopped("t1"))
+    for _ in range(3):
+        next(stream)
+    stops.stop("t1")
+    rest = list(stream)
+    assert len(rest) == 1 and rest[0].done and rest[0].stopped and rest[0].tokens == 3
+    assert activity.snapshot()["tokens"] == 3 and activity.snapshot()["active"] == 0
+
+
+def test_a_run_stopped_before_it_starts_generates_nothing(handlers):
+    handlers.ui_stop("queued-ticket", "")
+    args = ("ROMEO:", 100, 1.0, 0, 1.0, 0, "torch", "tiny", "exact", False)
+    updates = list(handlers.ui_generate(*args, "queued-ticket"))
+    assert updates[-1] == ("ROMEO:", updates[-1][1], "Stopped.") and "**0** / 100 tokens" in updates[-1][1]
+    assert list(handlers.ui_generate(*args, "queued-ticket"))[-1][2] == "Done."  # tickets are forgotten at the end
+
+
+def test_stop_ends_the_ladder_comparison(handlers):
+    handlers.ui_stop("compare-ticket")
+    final = list(handlers.ui_compare("ROMEO:", 100, 1.0, 0, 1.0, 5, "torch", "exact", False, "compare-ticket"))[-1]
+    assert final[-1] == "Stopped."

@@ -1,0 +1,149 @@
+"""The served app over the wire, with gradio_client: the /generate API, streaming, 16 users at once, cancelling,
+bad input, and the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+from gpt_serve.engine import generate_text
+from tests.demo.conftest import free_port, wait_idle, wait_until
+
+API_PARAMETERS = ["prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "backend", "model"]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return Client(server.url, verbose=False)
+
+
+def test_generate_is_the_only_public_endpoint_and_has_named_parameters(client):
+    api = client.view_api(return_format="dict", print_info=False)
+    assert list(api["named_endpoints"]) == ["/generate"] and not api["unnamed_endpoints"]
+    names = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
+    assert names[: len(API_PARAMETERS)] == API_PARAMETERS
+    assert names[len(API_PARAMETERS) :] == ["window_mode", "unk_policy"]  # optional extras
+
+
+def test_streams_over_the_wire(client, server):
+    wait_idle(server.activity)
+    job = client.submit(prompt="ROMEO:", max_new_tokens=1500, seed=0, model="tiny", api_name="/generate")
+    partials = list(job)  # every result the server streamed
+    assert len(partials[-1]) == 1500
+    assert len(partials) >= 4, f"only {len(partials)} updates arrived"
+    assert all(len(a) < len(b) and b.startswith(a) for a, b in zip(partials, partials[1:], strict=False))
+
+
+def test_sixteen_concurrent_clients_all_get_complete_correct_outputs(server, registry):
+    wait_idle(server.activity)
+    peak_before = server.activity.snapshot()["peak"]
+    server.activity.peak = 0
+    clients = list(ThreadPoolExecutor(16).map(lambda _: Client(server.url, verbose=False), range(16)))
+
+    def run(i):
+        return clients[i].predict(prompt="ROMEO:", max_new_tokens=200, seed=i, model="tiny", api_name="/generate")
+
+    with ThreadPoolExecutor(16) as pool:
+        outputs = list(pool.map(run, range(16)))
+    assert [len(out) for out in outputs] == [200] * 16
+    loaded = registry.backend("tiny", "torch")
+    for i in (0, 5, 10, 15):  # each got its own stream: the text of its seed
+        assert outputs[i] == generate_text(loaded.backend, loaded.vocab, "ROMEO:", 200, temperature=0.8, seed=i)
+    assert server.activity.snapshot()["peak"] > 1, "requests ran one at a time"
+    server.activity.peak = max(peak_before, server.activity.peak)
+
+
+def test_cancelled_job_stops_generating_on_the_server(client, server):
+    wait_idle(server.activity)
+    activity = server.activity
+    before = activity.snapshot()["tokens"]
+    job = client.submit(prompt="ROMEO:", max_new_tokens=20_000, seed=0, model="tiny", api_name="/generate")
+    assert wait_until(lambda: len(job.outputs()) >= 2, timeout=10)
+    job.cancel()
+    assert wait_until(lambda: activity.snapshot()["active"] == 0, timeout=1.0), "the generation loop kept running"
+    stopped_at = activity.snapshot()["tokens"]
+    time.sleep(0.5)
+    assert activity.snapshot()["tokens"] == stopped_at, "tokens were still generated after the cancel"
+    assert stopped_at - before < 20_000
+
+
+BAD_API_INPUTS = [
+    (dict(prompt=""), "the prompt is empty"),
+    (dict(prompt="héllo"), "outside this model's vocabulary: 'é' (position 1)"),
+    (dict(max_new_tokens=10**9), "max_new_tokens must be in [1, 20000]"),
+    (dict(temperature=-2.0), "temperature must be in [0, 10]"),
+    (dict(top_p=0.0), "top_p must be in (0, 1]"),
+    (dict(top_k=-1), "top_k must be in [0, 1000000]"),
+    (dict(seed=-7), "seed must be in [0, 4294967295]"),
+    (dict(backend="tpu"), "unknown backend 'tpu'"),
+    (dict(model="nope"), "unknown model 'nope'"),
+    (dict(model="ladder-d"), "model 'ladder-d' is not available on this server"),
+    (dict(model="ladder-b", backend="onnx-int8"), "ONNX Runtime int8 is not available for model 'ladder-b'"),
+]
+
+
+def test_bad_inputs_get_errors_and_the_server_stays_healthy(client, server):
+    for bad, message in BAD_API_INPUTS:
+        with pytest.raises(AppError) as error:
+            client.predict(**{"prompt": "ROMEO:", "model": "tiny", **bad}, api_name="/generate")
+        assert message in str(error.value), (bad, str(error.value))
+    assert len(client.predict(prompt="ROMEO:", max_new_tokens=25, model="tiny", api_name="/generate")) == 25
+    wait_idle(server.activity)
+
+
+def test_replacement_of_unknown_characters_is_opt_in(client):
+    text = client.predict(prompt="héllo", max_new_tokens=10, model="tiny", unk_policy="replace", api_name="/generate")
+    assert len(text) == 10
+
+
+def test_cli_starts_quickly_and_serves(models_root, tmp_path):
+    """`python -m demo` with a models folder: preloads, binds 127.0.0.1 by default, answers the API."""
+    port = free_port()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "demo.log"
+    cmd = [sys.executable, "-m", "demo", "--models-root", str(models_root), "--model", "tiny", "--port", str(port)]
+    with open(log, "w") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        assert wait_until(lambda: "demo: ready in" in log.read_text() or process.poll() is not None, 60, 0.1)
+        text = log.read_text()
+        assert "demo: ready in" in text, text
+        assert f"http://127.0.0.1:{port}" in text and "tiny/torch loaded and warmed up" in text
+        result = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
+            prompt="ROMEO:", max_new_tokens=12, api_name="/generate"
+        )
+        assert len(result) == 12
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "nope"], "unknown model 'nope'"),
+        (["--model", "ladder-c"], "model 'ladder-c' is not available"),
+        (["--model-dir", "/nonexistent/folder"], "is not a model folder"),
+    ],
+)
+def test_cli_rejects_bad_models_clearly(models_root, capsys, argv, message):
+    from demo.cli import main
+
+    assert main(["--models-root", str(models_root), "--no-preload", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_defaults_bind_localhost_only():
+    from demo.cli import build_parser
+
+    args = build_parser().parse_args([])
+    assert (args.host, args.port, args.share, args.backend, args.concurrency) == ("127.0.0.1", 7860, False, "torch", 16)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--port", "70000"])
