@@ -21,7 +21,7 @@ import torch
 
 from gpt_serve.modeling_chargpt import CharGPTForCausalLM
 from gpt_serve.models import model_path
-from gpt_serve.onnx_backend import FP32_FILE_NAME, INT8_FILE_NAME, ONNX_SUBDIR, load_session
+from gpt_serve.onnx_backend import FP32_FILE_NAME, INT8_FILE_NAME, ONNX_SUBDIR, load_session, weights_sha256
 from gpt_serve.tokenization_chargpt import CharTokenizer
 from gpt_serve.vocab import VOCAB_FILE_NAME, CharVocab
 
@@ -121,7 +121,7 @@ def export_model(
     report = ExportReport(folder, opset, atol=atol, versions=_versions())
     work = Path(tempfile.mkdtemp(prefix=".onnx-export-", dir=folder))
     try:
-        graphs = _write_graphs(model, vocab, work, quantize, opset, report)
+        graphs = _write_graphs(model, vocab, weights_sha256(folder), work, quantize, opset, report)
         start = time.perf_counter()
         sessions = _check_graphs(model, graphs, decode_steps, atol, threads, report)
         if quantize and report.passed:
@@ -141,11 +141,11 @@ def _versions() -> dict[str, str]:
     return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": ort.__version__}
 
 
-def _write_graphs(model, vocab, work: Path, quantize: bool, opset: int, report: ExportReport) -> dict[str, Path]:
+def _write_graphs(model, vocab, source_sha256, work: Path, quantize: bool, opset: int, report) -> dict[str, Path]:
     graphs = {"fp32": work / FP32_FILE_NAME}
     start = time.perf_counter()
     export_fp32(model, graphs["fp32"], opset)
-    write_metadata(graphs["fp32"], metadata(model, vocab, "fp32", opset))
+    write_metadata(graphs["fp32"], metadata(model, vocab, "fp32", source_sha256, opset))
     report.seconds["export"] = time.perf_counter() - start
     report.files[f"{ONNX_SUBDIR}/{FP32_FILE_NAME}"] = graphs["fp32"].stat().st_size
     logger.info("exported %s in %.1f s", graphs["fp32"], report.seconds["export"])
@@ -153,7 +153,7 @@ def _write_graphs(model, vocab, work: Path, quantize: bool, opset: int, report: 
         graphs["int8"] = work / INT8_FILE_NAME
         start = time.perf_counter()
         quantize_int8(graphs["fp32"], graphs["int8"])
-        write_metadata(graphs["int8"], metadata(model, vocab, "int8", opset))
+        write_metadata(graphs["int8"], metadata(model, vocab, "int8", source_sha256, opset))
         report.seconds["quantize"] = time.perf_counter() - start
         report.files[f"{ONNX_SUBDIR}/{INT8_FILE_NAME}"] = graphs["int8"].stat().st_size
     return graphs

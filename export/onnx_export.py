@@ -140,8 +140,13 @@ class _DropMessage(logging.Filter):
         return self.fragment not in record.getMessage()
 
 
-def metadata(model: CharGPTForCausalLM, vocab: CharVocab, weights: str, opset: int = OPSET) -> dict[str, str]:
-    """What a runtime needs to refuse a mismatched model folder, and where the file came from."""
+def metadata(
+    model: CharGPTForCausalLM, vocab: CharVocab, weights: str, source_sha256: str | None, opset: int = OPSET
+) -> dict[str, str]:
+    """What a runtime needs to refuse a mismatched model folder, and where the file came from.
+
+    `source_sha256` is the sha256 of the `model.safetensors` the graph was exported from (None: not from a file).
+    """
     config = model.config
     if config.vocab_size != len(vocab):
         raise ValueError(f"the model has {config.vocab_size} token rows but the vocabulary {len(vocab)} characters")
@@ -157,6 +162,7 @@ def metadata(model: CharGPTForCausalLM, vocab: CharVocab, weights: str, opset: i
         "block_size": str(config.block_size),
         "vocab_size": str(config.vocab_size),
         "vocab_sha256": vocab.sha256,
+        "weights_sha256": source_sha256 or "",
         "n_layer": str(config.n_layer),
         "n_head": str(config.n_head),
         "head_size": str(config.head_size),

@@ -17,6 +17,7 @@ One graph serves prefill (an empty past) and decode.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -46,6 +47,7 @@ REQUIRED_METADATA = (
 )
 # config.json entries that must agree with the ONNX metadata (a stale export of an older architecture).
 CONFIG_KEYS_CHECKED = ("block_size", "vocab_size", "n_layer", "n_head")
+WEIGHTS_FILE_NAME = "model.safetensors"
 EXPORT_HINT = "export it with `python -m export {model_dir}` (or `gpt-serve export {model_dir}`)"
 
 
@@ -62,6 +64,19 @@ def present_names(n_layer: int) -> list[str]:
 def onnx_path(model_dir: str | os.PathLike, quantized: bool = False) -> Path:
     """Where the fp32 (`onnx/model.onnx`) or int8 (`onnx/model_quantized.onnx`) graph of a model folder lives."""
     return Path(model_dir) / ONNX_SUBDIR / (INT8_FILE_NAME if quantized else FP32_FILE_NAME)
+
+
+def weights_sha256(model_dir: str | os.PathLike) -> str | None:
+    """sha256 of the folder's `model.safetensors` (None when absent): the ONNX metadata records it, so a folder
+    retrained after its export is caught at load time instead of the two backends silently disagreeing."""
+    path = Path(model_dir) / WEIGHTS_FILE_NAME
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def session_options(threads: int | None = None) -> ort.SessionOptions:
@@ -186,6 +201,15 @@ class OnnxBackend:
                 f"{self.path} does not match {config_file} ({shown}): the export is stale. Re-"
                 + EXPORT_HINT.format(model_dir=self.model_dir)
             )
+        exported_from = self.metadata.get("weights_sha256")
+        if exported_from:  # a folder shipped with the ONNX files only (no safetensors) skips this check
+            current = weights_sha256(self.model_dir)
+            if current is not None and current != exported_from:
+                raise ValueError(
+                    f"{self.path} was exported from other weights than {self.model_dir / WEIGHTS_FILE_NAME} (sha256 "
+                    f"{exported_from[:12]}... at export, {current[:12]}... now): the export is stale. Re-"
+                    + EXPORT_HINT.format(model_dir=self.model_dir)
+                )
 
     def _check_graph_io(self) -> None:
         inputs = {i.name: i.type for i in self.session.get_inputs()}
@@ -292,7 +316,8 @@ def _as_int64(name: str, array: Any) -> np.ndarray:
 
 
 __all__ = [
-    "OnnxBackend", "OnnxCache", "onnx_path", "past_names", "present_names", "session_options", "load_session",
+    "OnnxBackend", "OnnxCache", "onnx_path", "weights_sha256", "past_names", "present_names", "session_options",
+    "load_session",
     "ONNX_SUBDIR", "FP32_FILE_NAME", "INT8_FILE_NAME", "INPUT_NAMES", "LOGITS_NAME", "ONNX_FORMAT",
     "ONNX_FORMAT_VERSION", "REQUIRED_METADATA",
 ]

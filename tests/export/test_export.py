@@ -11,7 +11,7 @@ from export.exporter import export_model
 from export.onnx_export import OPSET
 from export.report import CARD_BEGIN, CARD_END, card_section, update_model_card
 from export.validate import compare_with_torch
-from gpt_serve.onnx_backend import load_session, onnx_path, past_names, present_names
+from gpt_serve.onnx_backend import load_session, onnx_path, past_names, present_names, weights_sha256
 from gpt_serve.vocab import CharVocab
 from tests.conftest import make_tiny_model
 from tests.export.conftest import copy_model_dir
@@ -61,6 +61,7 @@ def test_graph_io_names_dims_opset_and_metadata(exported_dir, quantized):
     assert meta["vocab_sha256"] == vocab.sha256
     assert meta["exporter_version"].startswith("gpt_serve.export ")
     assert meta["weights"] == ("int8" if quantized else "fp32")
+    assert meta["weights_sha256"] == weights_sha256(exported_dir) and len(meta["weights_sha256"]) == 64
 
 
 def test_validation_catches_a_graph_that_differs_from_the_model(exported_dir):

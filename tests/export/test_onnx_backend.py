@@ -171,6 +171,15 @@ def test_stale_export_is_refused(tmp_path, exported_dir):
         OnnxBackend(folder)
 
 
+def test_export_of_other_weights_is_refused(tmp_path, exported_dir):
+    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    make_tiny_model(seed=5).save_pretrained(folder)  # retrained after the export: same config, new weights
+    with pytest.raises(ValueError, match="exported from other weights"):
+        OnnxBackend(folder)
+    (folder / "model.safetensors").unlink()  # a folder shipped with its ONNX files only still loads
+    OnnxBackend(folder, threads=1)
+
+
 def test_onnx_file_without_metadata_is_refused(tmp_path, exported_dir):
     folder = copy_model_dir(exported_dir, tmp_path / "m")
     proto = onnx.load(str(onnx_path(folder)))
