@@ -74,8 +74,8 @@ def card_section(report: ExportReport, command: str) -> str:
     return f"""{CARD_BEGIN}
 ## ONNX
 
-Exported and validated by `{command}` ({report.exporter_version}, {report.exporter} exporter, opset {report.opset};
-{versions}).
+Exported and validated by `{command}`
+({report.exporter_version}, {report.exporter} exporter, opset {report.opset}; {versions}).
 
 | file | weights | size |
 |---|---|---|
@@ -95,7 +95,7 @@ sha256, checked against `vocab.json` at load time.
 from gpt_serve.engine import stream_text
 from gpt_serve.onnx_backend import OnnxBackend  # needs only numpy + onnxruntime
 
-backend = OnnxBackend({name!r}, quantized=True, threads=2)
+backend = OnnxBackend("{name}", quantized=True, threads=2)
 print("".join(stream_text(backend, backend.vocab, "ROMEO:", 200, temperature=0.8, seed=0)))
 ```
 {CARD_END}
