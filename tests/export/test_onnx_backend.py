@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from gpt_serve.engine import generate_tokens, stream_text
-from gpt_serve.models import list_models, model_path
+from gpt_serve.models import DEFAULT_MODEL, list_models, model_path
 from gpt_serve.onnx_backend import OnnxBackend, onnx_path
 from gpt_serve.sampling import SamplingParams
 from gpt_serve.torch_backend import TorchBackend, full_recompute_generate
@@ -234,17 +234,25 @@ def test_wrong_typed_inputs(onnx_backend, torch_backend):
     np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
 
 
-@pytest.mark.skipif("shakespeare" not in list_models(), reason="the shipped model is not in gpt_serve/models yet")
-@pytest.mark.parametrize("quantized", [False, True])
-def test_shipped_model_onnx_loads_by_name_and_matches_its_torch_model(quantized):
+SHIPPED_WITH_ONNX = [name for name in list_models() if onnx_path(model_path(name)).is_file()]
+
+
+@pytest.mark.skipif(DEFAULT_MODEL not in list_models(), reason="the default model is not in gpt_serve/models yet")
+def test_the_default_shipped_model_ships_its_onnx_exports():
+    for quantized in (False, True):
+        assert onnx_path(model_path(DEFAULT_MODEL), quantized).is_file(), f"run `python -m export {DEFAULT_MODEL}`"
+
+
+@pytest.mark.parametrize("name", SHIPPED_WITH_ONNX)
+def test_shipped_onnx_exports_load_by_name_and_match_their_torch_model(name):
     from gpt_serve import CharGPTForCausalLM
 
-    backend = OnnxBackend("shakespeare", quantized=quantized, threads=1)
-    assert backend.model_dir == model_path("shakespeare")
-    text = "".join(stream_text(backend, backend.vocab, "ROMEO:", 30, temperature=0))
-    assert len(text) == 30
-    if not quantized:
-        model = CharGPTForCausalLM.from_pretrained(model_path("shakespeare"))
+    model = CharGPTForCausalLM.from_pretrained(model_path(name))
+    for quantized in (False, True):
+        backend = OnnxBackend(name, quantized=quantized, threads=1)  # also checks vocab, config and weights hash
+        assert backend.model_dir == model_path(name) and backend.block_size == model.config.block_size
         ids = backend.vocab.encode("ROMEO:")
-        ours = tokens(backend, [ids], 30)[0]
-        np.testing.assert_array_equal(ours, full_recompute_generate(model, ids, 30, GREEDY))
+        ours = tokens(backend, [ids], 2 * backend.block_size + 3, window_mode="refill")[0]
+        if not quantized:
+            reference = full_recompute_generate(model, ids, len(ours), GREEDY, window_mode="refill")
+            np.testing.assert_array_equal(ours, reference)
