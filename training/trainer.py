@@ -133,6 +133,8 @@ class Trainer:
         self.model = CharGPTForCausalLM(self.model_config).to(self.rt.device)
         if self.rt.ddp:
             torch.manual_seed(cfg.seed + 1 + self.rt.rank)  # but each rank its own dropout masks
+        # Dropout draws from the global RNG: `fit` starts from this state, whatever ran in between.
+        self._initial_rng = self._rng_state()
         self.optimizer = self._make_optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(cfg, s))
         # Each rank draws its own batches; the generator state is the sampler state saved in checkpoints.
@@ -173,14 +175,24 @@ class Trainer:
             **{k: getattr(self.cfg, k) for k in keys},
         }
 
-    def state_dict(self) -> dict:
-        """The checkpoint; collective under DDP (every rank contributes its RNG and sampler states)."""
+    def _rng_state(self) -> dict:
         cuda = self.rt.device.type == "cuda"
-        mine = {
+        return {
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(self.rt.device) if cuda else None,
-            "batch_gen": self.batch_gen.get_state(),
+            "batch_gen": self.batch_gen.get_state() if hasattr(self, "batch_gen") else None,
         }
+
+    def _set_rng_state(self, state: dict) -> None:
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and self.rt.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"], self.rt.device)
+        if state["batch_gen"] is not None:
+            self.batch_gen.set_state(state["batch_gen"])
+
+    def state_dict(self) -> dict:
+        """The checkpoint; collective under DDP (every rank contributes its RNG and sampler states)."""
+        mine = self._rng_state()
         return {
             "run": self.run_identity(),
             "model": self.model.state_dict(),
@@ -203,11 +215,7 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
         except (RuntimeError, KeyError, ValueError) as e:
             raise CheckpointError(f"checkpoint does not fit this model/optimizer: {e}") from None
-        mine = state["rank_states"][self.rt.rank]
-        torch.set_rng_state(mine["torch_rng"])
-        if mine["cuda_rng"] is not None and self.rt.device.type == "cuda":
-            torch.cuda.set_rng_state(mine["cuda_rng"], self.rt.device)
-        self.batch_gen.set_state(mine["batch_gen"])
+        self._set_rng_state(state["rank_states"][self.rt.rank])
         self.step = state["step"]
         self.best_val = state["best_val"]
         self.best_step = state.get("best_step")
@@ -306,6 +314,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             write_metrics(self.out, [])  # a fresh run starts a fresh log
             self.best_weights_path().unlink(missing_ok=True)
+        self._set_rng_state(self._initial_rng)
         self.model.train()
         t0 = time.perf_counter()
         self._evaluate()  # step 0, as in the lesson

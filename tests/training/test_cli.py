@@ -1,0 +1,93 @@
+"""`python -m training` / `gpt-serve train`: flags, presets, overrides and the recorded command."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from training import cli
+from training.cli import build_parser, config_from_args, invocation, main, split_model_overrides
+
+
+def _config(*argv):
+    overrides, rest = split_model_overrides(list(argv))
+    return config_from_args(build_parser().parse_args(rest), overrides)
+
+
+def test_a_preset_fills_in_and_flags_override_it():
+    cfg = _config("--preset", "ladder-d", "--max-iters", "100", "--model.n_layer", "2", "--model.dropout=0.1")
+    assert cfg.batch_size == 32 and cfg.learning_rate == 1e-3 and cfg.eval_iters == 200  # from the preset
+    assert cfg.max_iters == 100 and cfg.model["n_layer"] == 2 and cfg.model["dropout"] == 0.1
+    assert cfg.model["init"] == "pytorch" and cfg.model["block_size"] == 8
+
+
+def test_the_default_models_command_still_parses():
+    """The shipped default model's card records this command; it must keep meaning the same run."""
+    cfg = _config("--preset", "shakespeare-cpu", "--out", "runs/shakespeare-cpu", "--data",
+                  "../shared/data/tinyshakespeare.txt", "--threads", "2")
+    assert (cfg.out_dir, cfg.threads, cfg.keep_best, cfg.schedule) == ("runs/shakespeare-cpu", 2, True, "cosine")
+    assert cfg.model == dict(block_size=128, n_embd=192, n_head=6, n_layer=4, dropout=0.1, init="normal")
+    assert (cfg.batch_size, cfg.learning_rate, cfg.min_lr) == (32, 2e-3, 1e-4)
+    assert (cfg.warmup_iters, cfg.max_iters, cfg.grad_accum) == (200, 5000, 1)
+    assert (cfg.eval_interval, cfg.eval_iters, cfg.grad_clip, cfg.weight_decay, cfg.seed) == (500, 80, 1.0, 0.1, 1337)
+
+
+def test_boolean_flags_and_resume():
+    assert _config("--resume").resume is True and _config().resume is False
+    assert _config("--preset", "shakespeare-cpu", "--keep-best", "false").keep_best is False
+    assert _config("--preset", "tiny", "--keep-best").keep_best is True
+    assert _config("--compile", "off").compile is False and _config().compile is None
+    with pytest.raises(SystemExit):
+        _config("--keep-best", "maybe")
+
+
+def test_model_override_needs_a_value():
+    with pytest.raises(ValueError, match="--model.n_layer needs a value"):
+        split_model_overrides(["--model.n_layer"])
+
+
+def test_list_presets(capsys):
+    assert main(["--list-presets"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("ladder-a", "ladder-e", "ladder-f", "shakespeare-cpu", "tiny"))
+
+
+def test_unknown_preset_is_an_error(capsys):
+    assert main(["--preset", "nope"]) == 2
+    assert "unknown preset 'nope'" in capsys.readouterr().err
+
+
+def test_missing_data_file_is_a_clear_cli_error(tmp_path, capsys):
+    assert main(["--preset", "tiny", "--data", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "data file not found" in err and "missing.txt" in err
+
+
+def test_train_prints_the_result_and_records_the_command(tmp_path, make_args, capsys):
+    assert main(make_args(tmp_path, "--max-iters", "4", "--eval-interval", "2")) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["final_step"] == 4
+    card = (tmp_path / "README.md").read_text()
+    assert f"python -m training --preset tiny --out {tmp_path}" in card
+
+
+def test_invocation_names_how_the_trainer_was_launched(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/gpt-serve", "train", "--preset", "tiny"])
+    assert invocation(["--preset", "tiny"]) == "gpt-serve train --preset tiny"
+    monkeypatch.setattr(sys, "argv", ["/x/training/__main__.py"])
+    assert invocation(["--out", "a b"]) == "python -m training --out 'a b'"
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert invocation([]) == "torchrun --nproc_per_node=2 --nnodes=2 -m training"
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setattr(sys, "argv", ["/x/gpt-serve", "ladder"])
+    assert invocation(["--stages", "a"], module="training.ladder", subcommand="ladder") == "gpt-serve ladder --stages a"
+
+
+def test_gpt_serve_dispatches_train_and_ladder_here():
+    from gpt_serve import cli as gpt_cli
+
+    assert gpt_cli.APPS["train"][0] == "training.cli" and gpt_cli.APPS["ladder"][0] == "training.ladder"
+    assert callable(cli.main)

@@ -1,0 +1,52 @@
+"""The same entry point under `torchrun`: 2 CPU processes, DDP over gloo; only rank 0 logs and saves."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training.checkpoint import read_checkpoint
+from training.report import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _torchrun(out: Path, args: list[str], *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "training", *args, *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.distributed
+def test_torchrun_two_processes_on_cpu_train_and_save_once(tmp_path, make_args):
+    out = tmp_path / "ddp"
+    args = make_args(out, "--max-iters", "20", "--eval-interval", "10", "--checkpoint-interval", "10",
+                     "--model.dropout", "0.1")
+    proc = _torchrun(out, args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    # One result line (rank 0 prints it), one model, one log, one checkpoint.
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == 1 and results[0]["final_step"] == 20
+    assert proc.stderr.count("saved the model to") == 1
+    assert proc.stderr.count("step 10: train loss") == 1
+    assert [m["step"] for m in read_metrics(out)] == [0, 10, 20]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint.pt"]
+    load_file(out / "model.safetensors")
+
+    state = read_checkpoint(out / "checkpoints" / "checkpoint.pt")
+    assert state["run"]["world_size"] == 2 and len(state["rank_states"]) == 2
+    # Each rank samples its own batches: their sampler states differ.
+    assert not torch.equal(state["rank_states"][0]["batch_gen"], state["rank_states"][1]["batch_gen"])
+    # Two processes of 8 sequences each per step.
+    assert read_metrics(out)[-1]["tokens"] == 20 * 2 * 8 * 16
+    card = (out / "README.md").read_text()
+    assert "torchrun --nproc_per_node=2 -m training --preset tiny" in card and "2 DDP processes" in card

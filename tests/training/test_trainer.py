@@ -1,0 +1,189 @@
+"""The training loop on tiny configs: it learns, saves a loadable folder, and its options do what they say."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from training.report import read_metrics
+from training.trainer import TrainConfig, Trainer, lr_factor
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, make_config):
+    """A few dozen steps of the tiny preset, run once for the tests that inspect its output."""
+    out = tmp_path_factory.mktemp("run")
+    trainer = Trainer(make_config(out, max_iters=40, eval_interval=20), command="pytest run")
+    return trainer, trainer.fit(), out
+
+
+def test_a_few_dozen_steps_lower_the_loss(trained):
+    _, result, out = trained
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == [0, 20, 40]
+    assert metrics[0]["val_loss"] > 4.0  # ~ln(vocab) at the start
+    assert result["val_loss"] == metrics[-1]["val_loss"] < metrics[0]["val_loss"] - 0.7
+    assert result["train_loss"] < metrics[0]["train_loss"] - 0.7
+    assert all(m["tokens"] == m["step"] * 8 * 16 for m in metrics)
+
+
+def test_the_output_folder_loads_with_the_auto_classes(trained):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trainer, _, out = trained
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.vocab.chars == trainer.tokenizer.vocab.chars
+    ids = tokenizer("ROMEO:", return_tensors="pt").input_ids
+    with torch.no_grad():
+        want = trainer.model.eval()(input_ids=ids, use_cache=False).logits
+        torch.testing.assert_close(model(input_ids=ids, use_cache=False).logits, want, rtol=0, atol=0)
+    for name in ("config.json", "generation_config.json", "model.safetensors", "vocab.json", "tokenizer_config.json",
+                 "modeling_chargpt.py", "configuration_chargpt.py", "tokenization_chargpt.py"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"]
+
+
+def test_model_card_has_front_matter_losses_command_hardware_and_sample(trained):
+    _, result, out = trained
+    card = (out / "README.md").read_text()
+    front, body = card.split("---\n")[1], card.split("---\n", 2)[2]
+    for line in ("library_name: transformers", "pipeline_tag: text-generation", "- tiny_shakespeare", "- loss",
+                 f"value: {result['val_loss']:.4f}", f"value: {result['train_loss']:.4f}"):
+        assert line in front, line
+    assert "pytest run" in body and "hardware" in body and "wall time" in body and "## Sample" in body
+    sample = body.split("## Sample")[1].split("```")[1].strip("\n")
+    assert len(sample) == 20
+
+
+def test_loss_plot_and_metrics_are_written_at_every_evaluation(tmp_path, make_config, monkeypatch):
+    from training import trainer as trainer_mod
+
+    plots = []
+    real = trainer_mod.save_loss_plot
+    monkeypatch.setattr(trainer_mod, "save_loss_plot", lambda h, p, **kw: (plots.append(len(h)), real(h, p, **kw)))
+    Trainer(make_config(tmp_path, max_iters=20, eval_interval=10, sample_tokens=0)).fit()
+    assert plots == [1, 2, 3]  # steps 0, 10, 20
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 10, 20]
+    assert {"train_loss", "val_loss", "lr", "tokens", "time_s"} <= set(json.loads(lines[-1]))
+
+
+def test_lr_schedules():
+    const = TrainConfig(learning_rate=1e-3, max_iters=100)
+    assert [lr_factor(const, s) for s in (0, 50, 99)] == [1.0, 1.0, 1.0]
+    cos = TrainConfig(learning_rate=1e-3, min_lr=1e-4, schedule="cosine", warmup_iters=10, max_iters=110)
+    assert [lr_factor(cos, s) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    assert lr_factor(cos, 10) == pytest.approx(1.0)
+    assert lr_factor(cos, 60) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way down the cosine
+    assert lr_factor(cos, 110) == pytest.approx(0.1)  # min_lr / learning_rate
+    decay = [lr_factor(cos, s) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(decay, decay[1:], strict=False))
+
+
+def _params(trainer):
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def test_gradient_accumulation_equals_one_big_batch(tmp_path, make_config):
+    # Two micro-batches of 4 draw the same 8 windows as one batch of 8 (same generator stream).
+    big = Trainer(make_config(tmp_path / "big", batch_size=8))
+    acc = Trainer(make_config(tmp_path / "acc", batch_size=4, grad_accum=2))
+    torch.testing.assert_close(_params(big), _params(acc), rtol=0, atol=0)
+    loss_big, loss_acc = big.train_step(), acc.train_step()
+    torch.testing.assert_close(loss_acc, loss_big, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(_params(acc), _params(big), rtol=1e-5, atol=1e-6)
+    assert big.tokens_per_step == acc.tokens_per_step == 8 * 16
+
+
+def test_gradient_clipping_limits_the_update(tmp_path, make_config):
+    def first_update(clip):
+        t = Trainer(make_config(tmp_path / f"clip{clip}", grad_clip=clip))
+        before = _params(t)
+        t.train_step()
+        return max(float((v - before[k]).abs().max()) for k, v in _params(t).items())
+
+    # Adam divides by sqrt(v) + eps: a gradient clipped to norm 1e-10 moves weights ~100x less than lr.
+    assert first_update(0.0) == pytest.approx(3e-3, rel=0.05)  # AdamW's first step moves each weight by ~lr
+    assert first_update(1e-10) < 3e-4
+
+
+def test_evaluation_does_not_change_training(tmp_path, make_config):
+    """Evaluation draws from its own generator and runs without dropout: the basis of exact resume."""
+    a = Trainer(make_config(tmp_path / "a", max_iters=12, eval_interval=3, sample_tokens=0,
+                            model={"dropout": 0.1}))
+    b = Trainer(make_config(tmp_path / "b", max_iters=12, eval_interval=12, sample_tokens=0,
+                            model={"dropout": 0.1}))
+    a.fit()
+    b.fit()
+    torch.testing.assert_close(_params(a), _params(b), rtol=0, atol=0)
+
+
+def test_keep_best_and_patience_stop_early_with_the_best_weights(tmp_path, make_config, monkeypatch):
+    scripted = iter([4.0, 3.0, 3.5, 3.6, 3.7, 3.8])
+    snapshots = {}
+
+    def fake_estimate(self):
+        snapshots[self.step] = _params(self)
+        val = next(scripted)
+        return {"train": val, "val": val}
+
+    monkeypatch.setattr(Trainer, "estimate_loss", fake_estimate)
+    t = Trainer(make_config(tmp_path, max_iters=50, eval_interval=5, keep_best=True, patience=2,
+                            sample_tokens=0))
+    result = t.fit()
+    assert result["stopped_early"] and result["final_step"] == 15  # evals at 0, 5 (best), 10, 15: two misses
+    assert result["step"] == 5 and result["val_loss"] == 3.0
+    torch.testing.assert_close(_params(t), snapshots[5], rtol=0, atol=0)
+    from gpt_serve import CharGPTForCausalLM
+
+    saved = CharGPTForCausalLM.from_pretrained(tmp_path)
+    torch.testing.assert_close({k: v for k, v in saved.state_dict().items()}, snapshots[5], rtol=0, atol=0)
+    assert "stopped early at step 15" in (tmp_path / "README.md").read_text()
+
+
+def test_cpu_runs_fp32_uncompiled_with_the_asked_threads(tmp_path, make_config):
+    old = torch.get_num_threads()
+    try:
+        t = Trainer(make_config(tmp_path, threads=1))
+        assert torch.get_num_threads() == 1
+        assert t.rt.device.type == "cpu" and t.rt.autocast_dtype is None and not t.compiled
+        assert t.forward_model is t.model and not t.rt.ddp
+        assert all(p.dtype == torch.float32 for p in t.model.parameters())
+        assert t.loss_on(*t.dataset.get_batch("train", 2, torch.Generator())).dtype == torch.float32
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_asking_for_cuda_without_it_is_a_clear_error(tmp_path, make_config):
+    with pytest.raises(ValueError, match="no CUDA device is available"):
+        Trainer(make_config(tmp_path, device="cuda"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"batch_size": 0}, "batch_size must be >= 1"),
+        ({"schedule": "linear"}, "schedule must be one of"),
+        ({"learning_rate": 0.0}, "learning_rate must be > 0"),
+        ({"patience": 3}, "patience .* needs keep_best"),
+        ({"model": {"n_layers": 2}}, r"unknown model config argument\(s\) \['n_layers'\]"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(tmp_path, make_config, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        Trainer(make_config(tmp_path, **overrides))
+
+
+def test_lr_is_logged_and_follows_the_schedule(tmp_path, make_config):
+    t = Trainer(make_config(tmp_path, max_iters=20, eval_interval=10, schedule="cosine",
+                            warmup_iters=5, min_lr=3e-4, sample_tokens=0))
+    t.fit()
+    lrs = [m["lr"] for m in read_metrics(tmp_path)]
+    assert lrs[0] == pytest.approx(3e-3 / 5) and lrs[-1] == pytest.approx(3e-4)
+    assert not math.isclose(lrs[1], 3e-3)
