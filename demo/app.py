@@ -82,15 +82,21 @@ def attention_caption(weights, layer: int) -> str:
     )
 
 
-def _ladder_label(name: str) -> str:
-    """'A: one self-attention head' from the training presets when importable, else the name."""
+def _ladder_label(name: str, registry: ModelRegistry) -> str:
+    """'A: one self-attention head · val loss 2.40': what the stage adds (training presets, when importable) and
+    the validation loss its training reached (when the folder has metrics)."""
     stage = name.rsplit("-", 1)[-1].upper()
     try:
         from training.presets import PRESETS
 
-        return f"{stage}: {PRESETS[name].adds}"
+        label = f"{stage}: {PRESETS[name].adds}"
     except (ImportError, KeyError):
-        return f"{stage}: {name}"
+        label = f"{stage}: {name}"
+    try:
+        loss = registry.info(name)["val_loss"]
+    except DemoInputError:
+        return f"{label} (not available)"
+    return label if loss is None else f"{label} · val loss {loss:.2f}"
 
 
 def build_demo(
@@ -207,9 +213,10 @@ def build_demo(
             return f"⚠️ {e}"
         reason = registry.unavailable_reason(model, backend)
         ready = f"⚠️ {reason}" if reason else f"{BACKENDS[backend]} ✓"
+        loss = "" if info["val_loss"] is None else f", validation loss {info['val_loss']:.3f}"
         return (
             f"`{model}`: {info['n_layer']} layers × {info['n_head']} heads, n_embd {info['n_embd']}, "
-            f"block_size {info['block_size']} · {ready}"
+            f"block_size {info['block_size']}{loss} · {ready}"
         )
 
     ladder = [n for n in LADDER_MODELS if n in registry.names]
@@ -232,12 +239,11 @@ def build_demo(
             reason = registry.unavailable_reason(name, base.backend)
             request = dataclasses.replace(base, model=name)
             streams.append(reason or stream_progress(registry, request, activity, should_stop=should_stop))
-        status = f"Same prompt, seed {base.seed} and settings through every stage."
+        settings = f"same prompt, seed {base.seed} and settings through every stage"
         try:
             for texts in stream_side_by_side(streams, stream_interval):
-                yield *texts, status
-            if should_stop():
-                yield *[gr.skip()] * len(ladder), "Stopped."
+                yield *texts, f"Running: {settings}…"
+            yield *[gr.skip()] * len(ladder), "Stopped." if should_stop() else f"Done: {settings}."
         finally:
             stops.forget(ticket)
 
@@ -284,8 +290,8 @@ def build_demo(
         with gr.Accordion("Attention: what each head looks at in the prompt", open=True):
             layer = gr.Radio([("layer 0", 0)], value=0, label="Layer", elem_id="layer")
             heatmap = gr.Image(
-                label="Attention heat maps (query position ↓ × key position →)", type="numpy", format="png",
-                interactive=False, elem_id="attention", buttons=["download", "fullscreen"],
+                label="Attention heat maps (query position ↓ × key position →)", show_label=False, type="numpy",
+                format="png", interactive=False, elem_id="attention", buttons=["download", "fullscreen"],
             )
             caption = gr.Markdown(elem_id="attention-caption")
             attention_state = gr.State(None)
@@ -299,7 +305,7 @@ def build_demo(
             compare_btn = gr.Button("Compare the ladder", elem_id="compare-btn")
             with gr.Row():
                 ladder_outputs = [
-                    gr.Textbox(label=_ladder_label(n), lines=12, interactive=False, elem_classes="ladder",
+                    gr.Textbox(label=_ladder_label(n, registry), lines=12, interactive=False, elem_classes="ladder",
                                elem_id=f"compare-{n}")
                     for n in ladder
                 ]

@@ -76,6 +76,22 @@ def parse_model_dir(spec: str) -> tuple[str, Path]:
     return name, folder
 
 
+def _last_val_loss(path: Path) -> float | None:
+    """The last `val_loss` in a training metrics file (one JSON object per line), or None."""
+    if not path.is_file():
+        return None
+    loss = None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("val_loss"), (int, float)):
+                loss = float(record["val_loss"])
+    return loss
+
+
 class ModelRegistry:
     """Model names -> folders, and the loaded backends, shared.
 
@@ -186,12 +202,13 @@ class ModelRegistry:
         return None
 
     def info(self, name: str) -> dict[str, Any]:
-        """What the UI shows about a model: its config's architecture numbers (read from config.json)."""
+        """What the UI shows about a model: its architecture (config.json) and, when the training wrote
+        `metrics.jsonl`, its last validation loss (`val_loss`, None otherwise)."""
         folder = self.folder(name)
         with open(folder / "config.json", encoding="utf-8") as f:
             config = json.load(f)
         keys = ("block_size", "n_embd", "n_head", "n_layer", "vocab_size")
-        return {k: config.get(k) for k in keys}
+        return {**{k: config.get(k) for k in keys}, "val_loss": _last_val_loss(folder / "metrics.jsonl")}
 
     # ---- loading (once per key, shared) ----
 

@@ -51,6 +51,9 @@ def models_root(tmp_path_factory, tiny_model_dir, corpus) -> Path:
     for name, seed in LADDER_SEEDS.items():
         make_tiny_model(seed=seed, block_size=8, n_layer=1).save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
+    # what training writes next to a model: the compare view shows the last validation loss
+    metrics = ['{"step": 0, "val_loss": 4.2}', "not json", '{"step": 9, "val_loss": 3.25}']
+    (root / "ladder-a" / "metrics.jsonl").write_text("\n".join(metrics) + "\n")
     return root
 
 

@@ -176,11 +176,12 @@ def test_side_by_side_streams_every_stage(registry):
 
 
 def test_ui_compare_runs_the_ladder(handlers):
-    final = list(handlers.ui_compare("ROMEO:", 12, 1.0, 0, 1.0, 5, "torch", "exact", False))[-1]
-    a, b, c, d, e, status = final
+    updates = list(handlers.ui_compare("ROMEO:", 12, 1.0, 0, 1.0, 5, "torch", "exact", False))
+    a, b, c, d, e, _ = updates[-2]
+    status = updates[-1][-1]  # the last update changes only the status
     assert len(a) == len(b) == 12
     assert all("'ladder-" in t and "is not available" in t for t in (c, d, e))
-    assert "seed 5" in status
+    assert status == "Done: same prompt, seed 5 and settings through every stage."
 
 
 def test_backends_load_once_and_are_shared(models_root):
@@ -227,3 +228,12 @@ def test_stop_ends_the_ladder_comparison(handlers):
     handlers.ui_stop("compare-ticket")
     final = list(handlers.ui_compare("ROMEO:", 100, 1.0, 0, 1.0, 5, "torch", "exact", False, "compare-ticket"))[-1]
     assert final[-1] == "Stopped."
+
+
+def test_model_info_and_ladder_labels_show_the_validation_loss(registry):
+    from demo.app import _ladder_label
+
+    assert registry.info("ladder-a") == dict(block_size=8, n_embd=32, n_head=4, n_layer=1, vocab_size=65, val_loss=3.25)
+    assert registry.info("tiny")["val_loss"] is None
+    assert _ladder_label("ladder-a", registry).endswith("· val loss 3.25")
+    assert _ladder_label("ladder-c", registry).endswith("(not available)")
