@@ -106,7 +106,9 @@ def export_fp32(model: CharGPTForCausalLM, path: Path, opset: int = OPSET) -> No
         # (`if bool(...)`) being frozen. The frozen branches are the general ones (see the module docstring).
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            DecoderWithPast(model),
+            # .eval(): the exporter restores the wrapper's mode afterwards, and a fresh Module is in training mode,
+            # which would switch the model's dropout back on for everything after the export (the parity check)
+            DecoderWithPast(model).eval(),
             example_inputs(model),
             str(path),
             dynamo=False,
