@@ -50,7 +50,8 @@ def _load_text(path: Path | None) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    via_gpt_serve = Path(sys.argv[0]).name in ("gpt-serve", "gpt_serve")
+    args = build_parser("gpt-serve export" if via_gpt_serve else "python -m export").parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for name, value in (("--decode-steps", args.decode_steps), ("--val-tokens", args.val_tokens)):
         if value < 1:
