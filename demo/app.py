@@ -164,8 +164,11 @@ def build_demo(
             raise gr.Error(f"generation failed: {type(e).__name__}: {e}", print_exception=False) from None
 
     def ui_generate(
-        prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, model, window_mode, replace, ticket=None
+        prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, model, window_mode, replace, ticket=None,
+        request: gr.Request = None,
     ):
+        if request is not None:
+            stops.supersede((request.session_hash, "generate"), ticket)
         try:
             request = parse_request(
                 registry, limits, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -196,6 +199,8 @@ def build_demo(
             weights = prompt_attention(torch_model, vocab.encode(text))  # (L, H, T, T)
         except DemoInputError as e:
             return None, None, gr.skip(), f"No attention view: {e}"
+        except ImportError as e:  # an ONNX-only install: the view needs the PyTorch model
+            return None, None, gr.skip(), f"No attention view: it needs PyTorch ({e})"
         n_layer = len(weights)
         layer = layer if isinstance(layer, int) and 0 <= layer < n_layer else 0
         layers = gr.Radio(choices=[(f"layer {i}", i) for i in range(n_layer)], value=layer)
@@ -221,29 +226,32 @@ def build_demo(
 
     ladder = [n for n in LADDER_MODELS if n in registry.names]
 
-    def ui_compare(prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, window_mode, replace, ticket=None):
+    def ui_compare(
+        prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, window_mode, replace, ticket=None,
+        request: gr.Request = None,
+    ):
+        if request is not None:
+            stops.supersede((request.session_hash, "compare"), ticket)
         try:
             base = parse_request(
                 registry, limits, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                 top_k=top_k, top_p=top_p, seed=seed, backend=backend, model=model_value, window_mode=window_mode,
                 unk_policy="replace" if replace else "error",
             )
-        except DemoInputError as e:
-            yield *[gr.skip()] * len(ladder), f"⚠️ {e}"
-            return
-        def should_stop():
-            return stops.is_stopped(ticket)
-
-        streams = []
-        for name in ladder:
-            reason = registry.unavailable_reason(name, base.backend)
-            request = dataclasses.replace(base, model=name)
-            streams.append(reason or stream_progress(registry, request, activity, should_stop=should_stop))
-        settings = f"same prompt, seed {base.seed} and settings through every stage"
-        try:
+            streams = [
+                registry.unavailable_reason(name, base.backend)
+                or stream_progress(
+                    registry, dataclasses.replace(base, model=name), activity,
+                    should_stop=lambda: stops.is_stopped(ticket),
+                )
+                for name in ladder
+            ]
+            settings = f"same prompt, seed {base.seed} and settings through every stage"
             for texts in stream_side_by_side(streams, stream_interval):
                 yield *texts, f"Running: {settings}…"
-            yield *[gr.skip()] * len(ladder), "Stopped." if should_stop() else f"Done: {settings}."
+            yield *[gr.skip()] * len(ladder), "Stopped." if stops.is_stopped(ticket) else f"Done: {settings}."
+        except DemoInputError as e:
+            yield *[gr.skip()] * len(ladder), f"⚠️ {e}"
         finally:
             stops.forget(ticket)
 

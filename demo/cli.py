@@ -36,25 +36,26 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m demo", description="Launch the gpt-serve web demo (Gradio).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = argparse.ArgumentParser(prog="python -m demo", description="Launch the gpt-serve web demo (Gradio).")
     p.add_argument("--host", default="127.0.0.1",
-                   help="interface to bind: 127.0.0.1 serves this machine only; 0.0.0.0 serves every interface")
-    p.add_argument("--port", type=_port, default=7860)
+                   help="interface to bind (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
+    p.add_argument("--port", type=_port, default=7860, help="TCP port (default 7860)")
     p.add_argument("--share", action="store_true", help="also open a public *.gradio.live link (needs internet)")
-    p.add_argument("--model", default=None, help="model selected when the page opens (default: shakespeare)")
+    p.add_argument("--model", default=None,
+                   help="model selected when the page opens (default: shakespeare, else the first model found)")
     p.add_argument("--model-dir", action="append", default=[], metavar="[NAME=]PATH",
                    help="add a model folder (a save_pretrained folder); repeat for more")
-    p.add_argument("--models-root", default=str(MODELS_DIR), help="folder whose sub-folders are the named models")
-    p.add_argument("--backend", choices=list(BACKENDS), default="torch", help="backend selected when the page opens")
+    p.add_argument("--models-root", default=str(MODELS_DIR),
+                   help="folder whose sub-folders are the named models (default: the shipped models)")
+    p.add_argument("--backend", choices=list(BACKENDS), default="torch",
+                   help="backend selected when the page opens (default torch)")
     p.add_argument("--threads", type=_positive_int, default=1,
-                   help="threads per forward pass (PyTorch and ONNX Runtime); 1 suits many concurrent users")
-    p.add_argument("--concurrency", type=_positive_int, default=16, help="generations running at once")
+                   help="threads per forward pass, PyTorch and ONNX Runtime (default 1: suits many users at once)")
+    p.add_argument("--concurrency", type=_positive_int, default=16, help="generations running at once (default 16)")
     p.add_argument("--max-new-tokens-limit", type=_positive_int, default=2000,
-                   help="the largest max_new_tokens a request may ask for")
-    p.add_argument("--stream-interval", type=float, default=0.05, help="least seconds between streamed updates")
+                   help="the largest max_new_tokens a request may ask for (default 2000)")
+    p.add_argument("--stream-interval", type=float, default=0.05,
+                   help="least seconds between two streamed updates (default 0.05)")
     p.add_argument("--no-preload", action="store_true", help="load models on first use instead of at startup")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p

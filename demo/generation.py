@@ -192,7 +192,19 @@ class StopRequests:
     def __init__(self, max_age: float = 3600.0):
         self._lock = threading.Lock()
         self._stopped: dict[str, float] = {}
+        self._current: dict[object, str] = {}  # (page session, kind of run) -> the ticket of its latest run
         self.max_age = max_age
+
+    def supersede(self, key: object, ticket: str | None) -> None:
+        """`ticket` is now the run of `key` (a page session and a kind of run): the run it replaces is stopped, so
+        a second click of Generate restarts the stream instead of running two into the same box."""
+        if not ticket:
+            return
+        with self._lock:
+            previous = self._current.get(key)
+            self._current[key] = ticket
+        if previous and previous != ticket:
+            self.stop(previous)
 
     def stop(self, *tickets: str) -> None:
         now = time.monotonic()
@@ -210,6 +222,8 @@ class StopRequests:
     def forget(self, ticket: str | None) -> None:
         with self._lock:
             self._stopped.pop(ticket, None)
+            for key in [k for k, t in self._current.items() if t == ticket]:
+                del self._current[key]
 
 
 def clean_prompt(vocab, prompt: str, unk_policy: str) -> str:

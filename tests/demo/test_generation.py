@@ -237,3 +237,20 @@ def test_model_info_and_ladder_labels_show_the_validation_loss(registry):
     assert registry.info("tiny")["val_loss"] is None
     assert _ladder_label("ladder-a", registry).endswith("· val loss 3.25")
     assert _ladder_label("ladder-c", registry).endswith("(not available)")
+
+
+def test_generating_again_in_the_same_page_stops_the_previous_run(handlers):
+    from types import SimpleNamespace
+
+    page = SimpleNamespace(session_hash="page-1")
+    args = ("ROMEO:", 400, 1.0, 0, 1.0, 0, "torch", "tiny", "exact", False)
+    first = handlers.ui_generate(*args, "ticket-1", request=page)
+    for _ in range(3):
+        next(first)
+    second = list(handlers.ui_generate(*args, "ticket-2", request=page))
+    assert second[-1][2] == "Done."
+    assert list(first)[-1][2] == "Stopped."
+    other_page = handlers.ui_generate(*args, "ticket-3", request=SimpleNamespace(session_hash="page-2"))
+    next(other_page)
+    list(handlers.ui_generate(*args, "ticket-4", request=SimpleNamespace(session_hash="page-3")))
+    assert list(other_page)[-1][2] == "Done."  # other pages are not affected
