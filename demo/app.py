@@ -165,10 +165,10 @@ def build_demo(
 
     def ui_generate(
         prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, model, window_mode, replace, ticket=None,
-        request: gr.Request = None,
+        page: gr.Request = None,
     ):
-        if request is not None:
-            stops.supersede((request.session_hash, "generate"), ticket)
+        if page is not None:
+            stops.supersede((page.session_hash, "generate"), ticket)
         try:
             request = parse_request(
                 registry, limits, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -191,11 +191,13 @@ def build_demo(
             stops.forget(ticket)
 
     def ui_attention(prompt, model, replace, layer):
+        if not isinstance(prompt, str) or not prompt:
+            return None, None, gr.skip(), ""
         try:
             name = registry.resolve_model(model)
             vocab = registry.vocab(name)
             torch_model = registry.torch_model(name)
-            text = clean_prompt(vocab, prompt or "", "replace" if replace else "error") if prompt else "\n"
+            text = clean_prompt(vocab, prompt, "replace" if replace else "error")
             weights = prompt_attention(torch_model, vocab.encode(text))  # (L, H, T, T)
         except DemoInputError as e:
             return None, None, gr.skip(), f"No attention view: {e}"
@@ -228,10 +230,10 @@ def build_demo(
 
     def ui_compare(
         prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, window_mode, replace, ticket=None,
-        request: gr.Request = None,
+        page: gr.Request = None,
     ):
-        if request is not None:
-            stops.supersede((request.session_hash, "compare"), ticket)
+        if page is not None:
+            stops.supersede((page.session_hash, "compare"), ticket)
         try:
             base = parse_request(
                 registry, limits, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -255,8 +257,10 @@ def build_demo(
         finally:
             stops.forget(ticket)
 
-    def ui_stop(*tickets):
-        stops.stop(*tickets)
+    def ui_stop(generate_ticket, compare_ticket, page: gr.Request = None):
+        stops.stop(generate_ticket, compare_ticket)  # runs still waiting in the queue
+        if page is not None:
+            stops.stop_page(page.session_hash)  # and the page's running ones, whichever ticket it holds now
 
     with gr.Blocks(title="gpt-serve: Let's build GPT", analytics_enabled=False) as demo:
         gr.Markdown(INTRO)

@@ -216,6 +216,12 @@ class StopRequests:
                 if now - at > self.max_age:
                     del self._stopped[ticket]
 
+    def stop_page(self, session: object) -> None:
+        """Stops the runs that `supersede` registered for a page session (whatever ticket the page holds now)."""
+        with self._lock:
+            tickets = [t for key, t in self._current.items() if isinstance(key, tuple) and key[0] == session]
+        self.stop(*tickets)
+
     def is_stopped(self, ticket: str | None) -> bool:
         return bool(ticket) and ticket in self._stopped
 

@@ -119,3 +119,17 @@ def test_closing_the_page_stops_the_generation(chromium, server):
     tokens = server.activity.snapshot()["tokens"]
     time.sleep(0.5)
     assert server.activity.snapshot()["tokens"] == tokens
+
+
+def test_a_second_click_never_runs_two_streams_into_one_box(chromium, server):
+    wait_idle(server.activity)
+    started = server.activity.snapshot()["started"]
+    page = open_demo(chromium, server.url)
+    start_generation(page, "ROMEO:", 20_000)
+    assert wait_until(lambda: output_length(page) > 20, timeout=15)
+    page.locator("#generate-btn").click()  # ignored by the page while its run is on (the server would also stop
+    time.sleep(1.0)  # the older run of the page: StopRequests.supersede)
+    assert server.activity.snapshot()["active"] == 1 and server.activity.snapshot()["started"] == started + 1
+    page.locator("#stop-btn").click()
+    assert wait_until(lambda: server.activity.snapshot()["active"] == 0, timeout=2)
+    page.close()

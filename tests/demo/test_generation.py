@@ -217,7 +217,7 @@ def test_stop_requests_end_the_stream_after_the_current_token(registry):
 
 
 def test_a_run_stopped_before_it_starts_generates_nothing(handlers):
-    handlers.ui_stop("queued-ticket", "")
+    handlers.ui_stop("queued-ticket", "")  # Stop clicked while the run still waited in the queue
     args = ("ROMEO:", 100, 1.0, 0, 1.0, 0, "torch", "tiny", "exact", False)
     updates = list(handlers.ui_generate(*args, "queued-ticket"))
     assert updates[-1] == ("ROMEO:", updates[-1][1], "Stopped.") and "**0** / 100 tokens" in updates[-1][1]
@@ -225,7 +225,7 @@ def test_a_run_stopped_before_it_starts_generates_nothing(handlers):
 
 
 def test_stop_ends_the_ladder_comparison(handlers):
-    handlers.ui_stop("compare-ticket")
+    handlers.ui_stop("", "compare-ticket")
     final = list(handlers.ui_compare("ROMEO:", 100, 1.0, 0, 1.0, 5, "torch", "exact", False, "compare-ticket"))[-1]
     assert final[-1] == "Stopped."
 
@@ -244,13 +244,23 @@ def test_generating_again_in_the_same_page_stops_the_previous_run(handlers):
 
     page = SimpleNamespace(session_hash="page-1")
     args = ("ROMEO:", 400, 1.0, 0, 1.0, 0, "torch", "tiny", "exact", False)
-    first = handlers.ui_generate(*args, "ticket-1", request=page)
+    first = handlers.ui_generate(*args, "ticket-1", page=page)
     for _ in range(3):
         next(first)
-    second = list(handlers.ui_generate(*args, "ticket-2", request=page))
+    second = list(handlers.ui_generate(*args, "ticket-2", page=page))
     assert second[-1][2] == "Done."
     assert list(first)[-1][2] == "Stopped."
-    other_page = handlers.ui_generate(*args, "ticket-3", request=SimpleNamespace(session_hash="page-2"))
+    other_page = handlers.ui_generate(*args, "ticket-3", page=SimpleNamespace(session_hash="page-2"))
     next(other_page)
-    list(handlers.ui_generate(*args, "ticket-4", request=SimpleNamespace(session_hash="page-3")))
+    list(handlers.ui_generate(*args, "ticket-4", page=SimpleNamespace(session_hash="page-3")))
     assert list(other_page)[-1][2] == "Done."  # other pages are not affected
+
+
+def test_stop_stops_the_pages_running_stream_whatever_ticket_it_sends(handlers):
+    from types import SimpleNamespace
+
+    page = SimpleNamespace(session_hash="page-9")
+    run = handlers.ui_generate("ROMEO:", 400, 1.0, 0, 1.0, 0, "torch", "tiny", "exact", False, "t-running", page=page)
+    next(run), next(run)
+    handlers.ui_stop("t-newer", "", page=page)  # the page's ticket box was overwritten by an ignored click
+    assert list(run)[-1][2] == "Stopped."
