@@ -89,9 +89,7 @@ _ADDED_IN_V2 = ("data_sha256", "weight_decay", "grad_clip", "betas", "eval_inter
 def _upgrade_v1(state: dict) -> dict:
     """Format 1 (single process only) kept one rank's RNG states at the top level."""
     state = dict(state)
-    state["rank_states"] = [
-        {k: state.pop(k, None) for k in ("torch_rng", "cuda_rng", "batch_gen")}
-    ]
+    state["rank_states"] = [{k: state.pop(k, None) for k in ("torch_rng", "cuda_rng", "batch_gen")}]
     state.setdefault("wall_time", state.get("train_time", 0.0))
     return state
 

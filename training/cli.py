@@ -39,7 +39,8 @@ def _parse_model_value(value: str):
 
 def build_parser(prog: str = "python -m training") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog, description="Train a character-level GPT (the 'Let's build GPT' model).",
+        prog=prog,
+        description="Train a character-level GPT (the 'Let's build GPT' model).",
         epilog="--model.KEY VALUE overrides an argument of the model config (CharGPTConfig), e.g. --model.n_layer 8.",
     )
     p.add_argument("--preset", default="shakespeare-cpu", help=f"one of: {', '.join(PRESETS)} (default: %(default)s)")
@@ -47,9 +48,7 @@ def build_parser(prog: str = "python -m training") -> argparse.ArgumentParser:
     for f in TrainConfig.flag_fields():
         flags = ["--" + f.name.replace("_", "-")] + (["--out"] if f.name == "out_dir" else [])
         help_text = f.metadata.get("help")
-        if f.name == "resume":
-            p.add_argument(*flags, action="store_true", default=None, help=help_text)
-        elif f.type in ("bool", "bool | None"):
+        if f.type in ("bool", "bool | None"):
             # `--keep-best` alone means true; `--keep-best false` switches off what a preset switched on.
             p.add_argument(*flags, type=_bool, nargs="?", const=True, default=None, metavar="BOOL", help=help_text)
         else:
@@ -63,7 +62,7 @@ def split_model_overrides(argv: list[str]) -> tuple[dict, list[str]]:
     while i < len(argv):
         arg = argv[i]
         if arg.startswith("--model."):
-            key, eq, value = arg[len("--model."):].partition("=")
+            key, eq, value = arg[len("--model.") :].partition("=")
             if not eq:
                 if i + 1 >= len(argv):
                     raise ValueError(f"{arg} needs a value")
@@ -88,15 +87,19 @@ def config_from_args(args: argparse.Namespace, model_overrides: dict) -> TrainCo
     return TrainConfig(**values)
 
 
-def invocation(argv: list[str], module: str = "training", subcommand: str = "train") -> str:
-    """The command line that is running, for the model card (`gpt-serve train ...` or `python -m training ...`)."""
+def program_name(module: str = "training", subcommand: str = "train") -> str:
+    """How this process was launched: `gpt-serve train`, `python -m gpt_serve train` or `python -m training`."""
     launcher = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
     if launcher == "gpt-serve":
-        prog = f"gpt-serve {subcommand}"
-    elif launcher == "__main__.py" and Path(sys.argv[0]).parent.name == "gpt_serve":
-        prog = f"python -m gpt_serve {subcommand}"
-    else:
-        prog = f"python -m {module}"
+        return f"gpt-serve {subcommand}"
+    if launcher == "__main__.py" and Path(sys.argv[0]).parent.name == "gpt_serve":
+        return f"python -m gpt_serve {subcommand}"
+    return f"python -m {module}"
+
+
+def invocation(argv: list[str], module: str = "training", subcommand: str = "train") -> str:
+    """The command line that is running, for the model card (`torchrun` included when it launched us)."""
+    prog = program_name(module, subcommand)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         local = os.environ.get("LOCAL_WORLD_SIZE", str(world))
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         model_overrides, rest = split_model_overrides(argv)
-        args = build_parser().parse_args(rest)
+        args = build_parser(program_name()).parse_args(rest)
         if args.list_presets:
             for name, preset in PRESETS.items():
                 print(f"{name:16s} {preset.description}")

@@ -84,9 +84,7 @@ class CharDataset:
     same seed gives the same batches on every device.
     """
 
-    def __init__(
-        self, text: str, tokenizer: CharTokenizer, block_size: int, train_fraction: float = TRAIN_FRACTION
-    ):
+    def __init__(self, text: str, tokenizer: CharTokenizer, block_size: int, train_fraction: float = TRAIN_FRACTION):
         if not 0.0 < train_fraction < 1.0:
             raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
         data = torch.tensor(tokenizer.vocab.encode(text), dtype=torch.long)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .cli import invocation, setup_logging
+from .cli import invocation, program_name, setup_logging
 from .data import CharDataset, load_text
 from .presets import LADDER_STAGES, LADDER_TOLERANCE, PRESETS
 from .report import read_metrics, save_val_curves
@@ -66,9 +66,16 @@ def tiled_loss(model, dataset: CharDataset, split: str = "val", batch_size: int 
 def stage_config(preset_name: str, args: argparse.Namespace) -> TrainConfig:
     preset = PRESETS[preset_name]
     out_dir = Path(args.out) / preset_name
-    values = {**preset.train, "out_dir": str(out_dir), "data": args.data, "threads": args.threads,
-              "device": args.device, "seed": args.seed, "progress": args.progress,
-              "resume": (out_dir / "checkpoints" / "checkpoint.pt").exists()}
+    values = {
+        **preset.train,
+        "out_dir": str(out_dir),
+        "data": args.data,
+        "threads": args.threads,
+        "device": args.device,
+        "seed": args.seed,
+        "progress": args.progress,
+        "resume": (out_dir / "checkpoints" / "checkpoint.pt").exists(),
+    }
     for key in ("max_iters", "eval_interval", "eval_iters"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
@@ -97,11 +104,19 @@ def run_stage(preset_name: str, args: argparse.Namespace, text: str, ladder_comm
     whole_val = tiled_loss(trainer.model, trainer.dataset, "val")
     lesson = PRESETS[preset_name].lesson_val_loss
     return {
-        "stage": preset_name, "adds": PRESETS[preset_name].adds, "parameters": result["parameters"],
-        "train_loss": result["train_loss"], "val_loss": result["val_loss"], "whole_val_loss": whole_val,
-        "lesson_val_loss": lesson, "difference": None if lesson is None else result["val_loss"] - lesson,
-        "steps": result["final_step"], "eval_iters": cfg.eval_iters, "seed": cfg.seed,
-        "train_time_s": result["train_time_s"], "out_dir": cfg.out_dir,
+        "stage": preset_name,
+        "adds": PRESETS[preset_name].adds,
+        "parameters": result["parameters"],
+        "train_loss": result["train_loss"],
+        "val_loss": result["val_loss"],
+        "whole_val_loss": whole_val,
+        "lesson_val_loss": lesson,
+        "difference": None if lesson is None else result["val_loss"] - lesson,
+        "steps": result["final_step"],
+        "eval_iters": cfg.eval_iters,
+        "seed": cfg.seed,
+        "train_time_s": result["train_time_s"],
+        "out_dir": cfg.out_dir,
     }
 
 
@@ -139,9 +154,9 @@ Produced by:
 {command}
 ```
 
-Every stage: batch {first['batch_size']}, AdamW lr {first['learning_rate']:g} (constant), {rows[0]['steps']} steps,
-seed {rows[0]['seed']}; "train/val loss" is the lesson's `estimate_loss` at the last step (the mean of
-{rows[0]['eval_iters']} random batches per split); "val loss, whole split" is the mean over every
+Every stage: batch {first["batch_size"]}, AdamW lr {first["learning_rate"]:g} (constant), {rows[0]["steps"]} steps,
+seed {rows[0]["seed"]}; "train/val loss" is the lesson's `estimate_loss` at the last step (the mean of
+{rows[0]["eval_iters"]} random batches per split); "val loss, whole split" is the mean over every
 non-overlapping window of the validation split, free of that sampling noise. Stage presets: `training/presets.py`.
 
 {markdown_table(rows)}"""
@@ -158,8 +173,8 @@ def _relative(target: Path, start: Path) -> str:
         return str(target)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m training.ladder", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "python -m training.ladder") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--stages", default=DEFAULT_STAGES, help="stages to train, e.g. 'a-e' (default), 'a,c' or 'f'")
     p.add_argument("--data", default=None, help="the corpus (default: Tiny Shakespeare, downloaded once)")
     p.add_argument("--out", default="runs/ladder", help="where the runs go, one folder per stage")
@@ -183,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     setup_logging()
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(program_name("training.ladder", "ladder")).parse_args(argv)
         stages = parse_stages(args.stages)
         text = load_text(args.data)
         command = invocation(argv, module="training.ladder", subcommand="ladder")

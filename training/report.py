@@ -79,8 +79,12 @@ def save_loss_plot(history: list[dict], path: str | os.PathLike, title: str = "l
     _save(fig, path)
 
 
-def save_val_curves(curves: dict[str, list[dict]], path: str | os.PathLike, targets: dict[str, float] | None = None,
-                    title: str = "validation loss") -> None:
+def save_val_curves(
+    curves: dict[str, list[dict]],
+    path: str | os.PathLike,
+    targets: dict[str, float] | None = None,
+    title: str = "validation loss",
+) -> None:
     """The val-loss curves of several runs on one plot; `targets` adds a dotted line per run (e.g. the lesson's)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
@@ -146,17 +150,47 @@ def write_model_card(trainer, result: dict) -> None:
     name = Path(cfg.out_dir).resolve().name
     sample = generate_sample(trainer.model, trainer.tokenizer, cfg.sample_tokens)
     val, train = result["val_loss"], result["train_loss"]
-    arch = {k: getattr(mc, k) for k in ("block_size", "n_embd", "n_head", "n_layer", "dropout", "attn_proj",
-                                         "ffwd_mult", "ffwd_proj", "residual", "layer_norm", "init")}
-    train_opts = {k: getattr(cfg, k) for k in ("batch_size", "grad_accum", "learning_rate", "schedule",
-                                               "warmup_iters", "min_lr", "max_iters", "weight_decay", "grad_clip",
-                                               "eval_iters", "seed", "keep_best")}
+    arch = {
+        k: getattr(mc, k)
+        for k in (
+            "block_size",
+            "n_embd",
+            "n_head",
+            "n_layer",
+            "dropout",
+            "attn_proj",
+            "ffwd_mult",
+            "ffwd_proj",
+            "residual",
+            "layer_norm",
+            "init",
+        )
+    }
+    train_opts = {
+        k: getattr(cfg, k)
+        for k in (
+            "batch_size",
+            "grad_accum",
+            "learning_rate",
+            "schedule",
+            "warmup_iters",
+            "min_lr",
+            "max_iters",
+            "weight_decay",
+            "grad_clip",
+            "eval_iters",
+            "seed",
+            "keep_best",
+        )
+    }
     chosen = "best validation loss" if cfg.keep_best else "last step"
     early = f", stopped early at step {result['final_step']}" if result.get("stopped_early") else ""
     sequences = cfg.batch_size * cfg.grad_accum * trainer.rt.world_size
     steps = f"{result['final_step']}{early}, each {trainer.tokens_per_step:,} tokens ({sequences} x {mc.block_size})"
-    wall = (f"{format_duration(result['wall_time_s'])} ({format_duration(result['train_time_s'])} in optimizer steps, "
-            f"the rest in evaluation and checkpoints)")
+    wall = (
+        f"{format_duration(result['wall_time_s'])} ({format_duration(result['train_time_s'])} in optimizer steps, "
+        f"the rest in evaluation and checkpoints)"
+    )
     card = f"""---
 library_name: transformers
 pipeline_tag: text-generation
@@ -193,11 +227,11 @@ model-index:
 # {name}
 
 A character-level GPT from the "Let's build GPT" lesson, trained with gpt-serve on Tiny Shakespeare
-({result['parameters']:,} parameters).
+({result["parameters"]:,} parameters).
 
 | | |
 |---|---|
-| validation loss | **{val:.4f}** (step {result['step']}, the {chosen}; mean of {cfg.eval_iters} random batches) |
+| validation loss | **{val:.4f}** (step {result["step"]}, the {chosen}; mean of {cfg.eval_iters} random batches) |
 | train loss | {train:.4f} |
 | steps | {steps} |
 | wall time | {wall} |

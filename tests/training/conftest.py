@@ -20,8 +20,14 @@ def tiny_config(out_dir, data, **overrides):
     from training.trainer import TrainConfig
 
     preset = get_preset("tiny")
-    values = {**preset.train, "out_dir": str(out_dir), "data": str(data), "threads": 1, "progress": False,
-              "sample_tokens": 20}
+    values = {
+        **preset.train,
+        "out_dir": str(out_dir),
+        "data": str(data),
+        "threads": 1,
+        "progress": False,
+        "sample_tokens": 20,
+    }
     model = dict(preset.model)
     model.update(overrides.pop("model", {}))
     values.update(overrides)
@@ -30,8 +36,21 @@ def tiny_config(out_dir, data, **overrides):
 
 def tiny_args(out_dir, data, *extra) -> list[str]:
     """The same as command-line arguments of `python -m training`."""
-    return ["--preset", "tiny", "--out", str(out_dir), "--data", str(data), "--threads", "1", "--progress", "false",
-            "--sample-tokens", "20", *map(str, extra)]
+    return [
+        "--preset",
+        "tiny",
+        "--out",
+        str(out_dir),
+        "--data",
+        str(data),
+        "--threads",
+        "1",
+        "--progress",
+        "false",
+        "--sample-tokens",
+        "20",
+        *map(str, extra),
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -126,11 +128,54 @@ def test_unknown_format_and_missing_parts_are_refused(tmp_path):
 
 def test_format_1_checkpoints_of_the_first_trainer_still_load(tmp_path):
     g = torch.Generator().manual_seed(0)
-    v1 = {"format_version": 1, "run": {"seed": 1, "model_config": {"n_layer": 2, "transformers_version": "5.24.0"}},
-          "model": {}, "optimizer": {}, "scheduler": {}, "step": 5, "best_val": 3.0, "train_time": 1.5,
-          "torch_rng": torch.get_rng_state(), "cuda_rng": None, "batch_gen": g.get_state()}
+    v1 = {
+        "format_version": 1,
+        "run": {"seed": 1, "model_config": {"n_layer": 2, "transformers_version": "5.24.0"}},
+        "model": {},
+        "optimizer": {},
+        "scheduler": {},
+        "step": 5,
+        "best_val": 3.0,
+        "train_time": 1.5,
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": None,
+        "batch_gen": g.get_state(),
+    }
     torch.save(v1, tmp_path / "v1.pt")
     state = load_checkpoint(tmp_path / "v1.pt", {"seed": 1, "model_config": {"n_layer": 2}, "data_sha256": "x"})
     assert state["rank_states"][0]["batch_gen"].equal(g.get_state()) and state["wall_time"] == 1.5
     with pytest.raises(CheckpointError, match="seed"):
         load_checkpoint(tmp_path / "v1.pt", {"seed": 2})
+
+
+def test_a_run_checkpointed_in_format_1_resumes_exactly(tmp_path, make_config, monkeypatch):
+    """Runs started by the first trainer (format 1, e.g. the default model's) continue with this one."""
+    settings = dict(max_iters=20, eval_interval=10, sample_tokens=0, keep_best=True, model={"dropout": 0.1})
+    full = Trainer(make_config(tmp_path / "full", **settings))
+    full.fit()
+    real_step = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda self: real_step(self) if self.step < 13 else 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        Trainer(make_config(tmp_path / "v1", **settings)).fit()
+    monkeypatch.setattr(Trainer, "train_step", real_step)
+
+    # Rewrite the step-10 checkpoint and the log the way the first trainer wrote them.
+    path = tmp_path / "v1" / "checkpoints" / "checkpoint.pt"
+    state = read_checkpoint(path)
+    rank = state.pop("rank_states")[0]
+    for key in ("best_step", "evals_since_best", "stopped_early", "wall_time"):
+        state.pop(key)
+    for key in ("data_sha256", "weight_decay", "grad_clip", "betas", "eval_interval", "eval_iters"):
+        state["run"].pop(key)
+    state["run"]["model_config"] = {**state["run"]["model_config"], "transformers_version": "5.24.0", "use_cache": True}
+    torch.save({**state, **rank, "format_version": 1}, path)
+    lines = (tmp_path / "v1" / "metrics.jsonl").read_text().splitlines()
+    old_records = [{k: v for k, v in json.loads(line).items() if k != "tokens"} for line in lines]
+    (tmp_path / "v1" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old_records))
+
+    resumed = Trainer(make_config(tmp_path / "v1", resume=True, **settings))
+    resumed.fit()
+    torch.testing.assert_close(_weights(resumed.model), _weights(full.model), rtol=0, atol=0)
+    assert [m["val_loss"] for m in read_metrics(tmp_path / "v1")] == [
+        m["val_loss"] for m in read_metrics(tmp_path / "full")
+    ]

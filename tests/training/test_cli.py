@@ -25,9 +25,20 @@ def test_a_preset_fills_in_and_flags_override_it():
 
 def test_the_default_models_command_still_parses():
     """The shipped default model's card records this command; it must keep meaning the same run."""
-    cfg = _config("--preset", "shakespeare-cpu", "--out", "runs/shakespeare-cpu", "--data",
-                  "../shared/data/tinyshakespeare.txt", "--threads", "2")
+    cfg = _config(
+        "--resume",
+        "true",
+        "--preset",
+        "shakespeare-cpu",
+        "--out",
+        "runs/shakespeare-cpu",
+        "--data",
+        "../shared/data/tinyshakespeare.txt",
+        "--threads",
+        "2",
+    )
     assert (cfg.out_dir, cfg.threads, cfg.keep_best, cfg.schedule) == ("runs/shakespeare-cpu", 2, True, "cosine")
+    assert cfg.resume is True
     assert cfg.model == dict(block_size=128, n_embd=192, n_head=6, n_layer=4, dropout=0.1, init="normal")
     assert (cfg.batch_size, cfg.learning_rate, cfg.min_lr) == (32, 2e-3, 1e-4)
     assert (cfg.warmup_iters, cfg.max_iters, cfg.grad_accum) == (200, 5000, 1)
@@ -36,6 +47,7 @@ def test_the_default_models_command_still_parses():
 
 def test_boolean_flags_and_resume():
     assert _config("--resume").resume is True and _config().resume is False
+    assert _config("--resume", "true").resume is True and _config("--resume", "false").resume is False
     assert _config("--preset", "shakespeare-cpu", "--keep-best", "false").keep_best is False
     assert _config("--preset", "tiny", "--keep-best").keep_best is True
     assert _config("--compile", "off").compile is False and _config().compile is None

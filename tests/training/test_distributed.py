@@ -19,8 +19,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _torchrun(out: Path, args: list[str], *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "training", *args, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "training",
+        *args,
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
@@ -28,8 +37,9 @@ def _torchrun(out: Path, args: list[str], *extra: str) -> subprocess.CompletedPr
 @pytest.mark.distributed
 def test_torchrun_two_processes_on_cpu_train_and_save_once(tmp_path, make_args):
     out = tmp_path / "ddp"
-    args = make_args(out, "--max-iters", "20", "--eval-interval", "10", "--checkpoint-interval", "10",
-                     "--model.dropout", "0.1")
+    args = make_args(
+        out, "--max-iters", "20", "--eval-interval", "10", "--checkpoint-interval", "10", "--model.dropout", "0.1"
+    )
     proc = _torchrun(out, args)
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -26,17 +26,34 @@ def test_parse_stages():
 
 
 def test_ladder_command_trains_stages_and_writes_table_plot_and_shipped_copies(tmp_path, small_data_path, capsys):
-    argv = ["--stages", "a,d", "--data", str(small_data_path), "--out", str(tmp_path / "runs"),
-            "--ship-dir", str(tmp_path / "models"), "--table", str(tmp_path / "docs" / "ladder.md"),
-            "--plot", str(tmp_path / "docs" / "ladder.png"), "--max-iters", "20", "--eval-interval", "10",
-            "--eval-iters", "2", "--no-progress"]
+    argv = [
+        "--stages",
+        "a,d",
+        "--data",
+        str(small_data_path),
+        "--out",
+        str(tmp_path / "runs"),
+        "--ship-dir",
+        str(tmp_path / "models"),
+        "--table",
+        str(tmp_path / "docs" / "ladder.md"),
+        "--plot",
+        str(tmp_path / "docs" / "ladder.png"),
+        "--max-iters",
+        "20",
+        "--eval-interval",
+        "10",
+        "--eval-iters",
+        "2",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     table = (tmp_path / "docs" / "ladder.md").read_text()
     assert "python -m training.ladder --stages a,d" in table
     assert "![validation loss of every stage](ladder.png)" in table
     rows = [line for line in table.splitlines() if re.match(r"\| [A-F] \|", line)]
     assert [r.split("|")[1].strip() for r in rows] == ["A", "D"]
-    header = table[table.index("| stage"):].splitlines()[0]
+    header = table[table.index("| stage") :].splitlines()[0]
     for column in ("what it adds", "parameters", "train loss", "val loss", "the lesson's val loss", "difference"):
         assert column in header
     runs = json.loads((tmp_path / "runs" / "ladder.json").read_text())

@@ -18,8 +18,18 @@ from training.cli import main
 from training.report import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-SETTINGS = ["--max-iters", "300", "--eval-interval", "100", "--checkpoint-interval", "25", "--eval-iters", "2",
-            "--model.dropout", "0.1"]
+SETTINGS = [
+    "--max-iters",
+    "300",
+    "--eval-interval",
+    "100",
+    "--checkpoint-interval",
+    "25",
+    "--eval-iters",
+    "2",
+    "--model.dropout",
+    "0.1",
+]
 
 
 def _wait_for(predicate, proc, timeout=120.0):
@@ -38,7 +48,9 @@ def test_sigkill_after_a_checkpoint_then_resume_matches_an_uninterrupted_run(tmp
     killed, full = tmp_path / "killed", tmp_path / "full"
     proc = subprocess.Popen(
         [sys.executable, "-m", "training", *make_args(killed, *SETTINGS)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         # Kill once step 100 was evaluated: its checkpoint may or may not be written yet, and either must work.
@@ -55,8 +67,9 @@ def test_sigkill_after_a_checkpoint_then_resume_matches_an_uninterrupted_run(tmp
     assert main(make_args(killed, *SETTINGS, "--resume")) == 0
     assert main(make_args(full, *SETTINGS)) == 0
 
-    torch.testing.assert_close(load_file(killed / "model.safetensors"), load_file(full / "model.safetensors"),
-                               rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(
+        load_file(killed / "model.safetensors"), load_file(full / "model.safetensors"), rtol=1e-6, atol=1e-7
+    )
     got, want = read_metrics(killed), read_metrics(full)
     assert [m["step"] for m in got] == [m["step"] for m in want] == [0, 100, 200, 300]  # nothing twice
     for a, b in zip(got, want, strict=True):

@@ -41,8 +41,16 @@ def test_the_output_folder_loads_with_the_auto_classes(trained):
     with torch.no_grad():
         want = trainer.model.eval()(input_ids=ids, use_cache=False).logits
         torch.testing.assert_close(model(input_ids=ids, use_cache=False).logits, want, rtol=0, atol=0)
-    for name in ("config.json", "generation_config.json", "model.safetensors", "vocab.json", "tokenizer_config.json",
-                 "modeling_chargpt.py", "configuration_chargpt.py", "tokenization_chargpt.py"):
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "vocab.json",
+        "tokenizer_config.json",
+        "modeling_chargpt.py",
+        "configuration_chargpt.py",
+        "tokenization_chargpt.py",
+    ):
         assert (out / name).is_file(), name
     assert json.loads((out / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"]
 
@@ -51,8 +59,14 @@ def test_model_card_has_front_matter_losses_command_hardware_and_sample(trained)
     _, result, out = trained
     card = (out / "README.md").read_text()
     front, body = card.split("---\n")[1], card.split("---\n", 2)[2]
-    for line in ("library_name: transformers", "pipeline_tag: text-generation", "- tiny_shakespeare", "- loss",
-                 f"value: {result['val_loss']:.4f}", f"value: {result['train_loss']:.4f}"):
+    for line in (
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "- tiny_shakespeare",
+        "- loss",
+        f"value: {result['val_loss']:.4f}",
+        f"value: {result['train_loss']:.4f}",
+    ):
         assert line in front, line
     assert "pytest run" in body and "hardware" in body and "wall time" in body and "## Sample" in body
     sample = body.split("## Sample")[1].split("```")[1].strip("\n")
@@ -114,10 +128,8 @@ def test_gradient_clipping_limits_the_update(tmp_path, make_config):
 
 def test_evaluation_does_not_change_training(tmp_path, make_config):
     """Evaluation draws from its own generator and runs without dropout: the basis of exact resume."""
-    a = Trainer(make_config(tmp_path / "a", max_iters=12, eval_interval=3, sample_tokens=0,
-                            model={"dropout": 0.1}))
-    b = Trainer(make_config(tmp_path / "b", max_iters=12, eval_interval=12, sample_tokens=0,
-                            model={"dropout": 0.1}))
+    a = Trainer(make_config(tmp_path / "a", max_iters=12, eval_interval=3, sample_tokens=0, model={"dropout": 0.1}))
+    b = Trainer(make_config(tmp_path / "b", max_iters=12, eval_interval=12, sample_tokens=0, model={"dropout": 0.1}))
     a.fit()
     b.fit()
     torch.testing.assert_close(_params(a), _params(b), rtol=0, atol=0)
@@ -133,8 +145,7 @@ def test_keep_best_and_patience_stop_early_with_the_best_weights(tmp_path, make_
         return {"train": val, "val": val}
 
     monkeypatch.setattr(Trainer, "estimate_loss", fake_estimate)
-    t = Trainer(make_config(tmp_path, max_iters=50, eval_interval=5, keep_best=True, patience=2,
-                            sample_tokens=0))
+    t = Trainer(make_config(tmp_path, max_iters=50, eval_interval=5, keep_best=True, patience=2, sample_tokens=0))
     result = t.fit()
     assert result["stopped_early"] and result["final_step"] == 15  # evals at 0, 5 (best), 10, 15: two misses
     assert result["step"] == 5 and result["val_loss"] == 3.0
@@ -181,8 +192,11 @@ def test_bad_settings_are_refused_by_name(tmp_path, make_config, overrides, mess
 
 
 def test_lr_is_logged_and_follows_the_schedule(tmp_path, make_config):
-    t = Trainer(make_config(tmp_path, max_iters=20, eval_interval=10, schedule="cosine",
-                            warmup_iters=5, min_lr=3e-4, sample_tokens=0))
+    t = Trainer(
+        make_config(
+            tmp_path, max_iters=20, eval_interval=10, schedule="cosine", warmup_iters=5, min_lr=3e-4, sample_tokens=0
+        )
+    )
     t.fit()
     lrs = [m["lr"] for m in read_metrics(tmp_path)]
     assert lrs[0] == pytest.approx(3e-3 / 5) and lrs[-1] == pytest.approx(3e-4)

@@ -1,0 +1,94 @@
+"""Training options (`TrainConfig`, one command-line flag per field) and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field, fields
+
+from gpt_serve import CharGPTConfig
+
+SCHEDULES = ("constant", "cosine")
+
+
+# What `model` may set: CharGPTConfig's own arguments, except the vocabulary size, which the corpus decides.
+MODEL_KEYS = tuple(
+    k for k in inspect.signature(CharGPTConfig.__init__).parameters if k not in ("self", "kwargs", "vocab_size")
+)
+
+
+def _opt(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    """Training options. Every field except `model` is also a command-line flag of `python -m training`."""
+
+    out_dir: str = _opt("out", "output folder: the model, metrics.jsonl, loss.png, checkpoints/")
+    data: str | None = _opt(None, "UTF-8 corpus; default: Tiny Shakespeare, downloaded once into the user cache")
+    batch_size: int = _opt(32, "sequences per micro-batch (per process under torchrun)")
+    grad_accum: int = _opt(1, "micro-batches per optimizer step (gradient accumulation)")
+    learning_rate: float = _opt(1e-3, "peak AdamW learning rate")
+    schedule: str = _opt("constant", "'constant' (the lesson) or 'cosine' (warmup, then cosine decay to --min-lr)")
+    warmup_iters: int = _opt(0, "steps of linear warmup (both schedules)")
+    min_lr: float = _opt(0.0, "final learning rate of the cosine schedule")
+    max_iters: int = _opt(5000, "optimizer steps")
+    weight_decay: float = _opt(0.01, "AdamW weight decay on matrices (AdamW's default, as in the lesson)")
+    beta1: float = _opt(0.9, "AdamW beta1")
+    beta2: float = _opt(0.999, "AdamW beta2")
+    grad_clip: float = _opt(0.0, "clip the gradient norm to this value (0: no clipping)")
+    eval_interval: int = _opt(500, "evaluate every this many steps (and at step 0 and at the end)")
+    eval_iters: int = _opt(200, "batches per split averaged by each evaluation (the lesson's estimate_loss)")
+    checkpoint_interval: int = _opt(0, "checkpoint every this many steps (0: at each evaluation)")
+    keep_best: bool = _opt(False, "save the weights with the best validation loss rather than the last")
+    patience: int = _opt(0, "with --keep-best: stop after this many evaluations without improvement (0: never)")
+    seed: int = _opt(1337, "seed of the initial weights, dropout and batch sampling")
+    device: str = _opt("auto", "'auto' (CUDA if available), 'cpu', 'cuda' or 'cuda:N'")
+    compile: bool | None = _opt(None, "torch.compile the model (default: on for CUDA, off for CPU)")
+    threads: int = _opt(0, "CPU threads per process (0: PyTorch's default)")
+    resume: bool = _opt(False, "continue the run checkpointed in --out-dir exactly")
+    sample_tokens: int = _opt(300, "length of the sample written into the model card")
+    progress: bool = _opt(True, "show a progress bar (rank 0)")
+    model: dict = field(default_factory=dict)  # CharGPTConfig keyword arguments
+
+    def validate(self) -> None:
+        for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in (
+            "grad_clip",
+            "warmup_iters",
+            "min_lr",
+            "threads",
+            "checkpoint_interval",
+            "patience",
+            "weight_decay",
+            "sample_tokens",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.patience and not self.keep_best:
+            raise ValueError("patience (early stopping) needs keep_best, so the best weights are the ones saved")
+        unknown = sorted(set(self.model) - set(MODEL_KEYS))
+        if unknown:
+            raise ValueError(f"unknown model config argument(s) {unknown}; CharGPTConfig takes {sorted(MODEL_KEYS)}")
+
+    @classmethod
+    def flag_fields(cls):
+        return [f for f in fields(cls) if f.name != "model"]
+
+
+def lr_factor(cfg: TrainConfig, step: int) -> float:
+    """Multiplier of `learning_rate` at `step` (what LambdaLR applies): linear warmup, then constant or cosine."""
+    if step < cfg.warmup_iters:
+        return (step + 1) / cfg.warmup_iters
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters))
+    floor = cfg.min_lr / cfg.learning_rate
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
