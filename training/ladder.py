@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -121,10 +122,26 @@ def run_stage(preset_name: str, args: argparse.Namespace, text: str, ladder_comm
 
 
 def ship(src: Path, dest: Path) -> None:
-    """Copies a finished run into the package: the save_pretrained folder, card, plot and metrics, no checkpoints."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("checkpoints", "*.tmp", ".*"))
+    """Copies a finished run into the package: the save_pretrained folder, card, plot and metrics, no checkpoints.
+
+    What others added to a shipped folder stays: sub-folders (the ONNX exports in `onnx/`) and the marked
+    sections of its README (`<!-- gpt-serve:NAME:begin ... -->` to `<!-- gpt-serve:NAME:end -->`).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    kept = _marked_sections((dest / "README.md").read_text(encoding="utf-8")) if (dest / "README.md").exists() else []
+    for path in src.iterdir():
+        if path.is_file() and not path.name.startswith(".") and not path.name.endswith(".tmp"):
+            shutil.copy2(path, dest / path.name)
+    if kept:
+        card = (dest / "README.md").read_text(encoding="utf-8").rstrip("\n")
+        (dest / "README.md").write_text(card + "\n\n" + "\n\n".join(kept) + "\n", encoding="utf-8")
+
+
+_MARKED_SECTION = re.compile(r"<!-- gpt-serve:([\w-]+):begin.*?<!-- gpt-serve:\1:end -->", re.S)
+
+
+def _marked_sections(text: str) -> list[str]:
+    return [m.group(0) for m in _MARKED_SECTION.finditer(text)]
 
 
 def markdown_table(rows: list[dict]) -> str:

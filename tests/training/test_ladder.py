@@ -72,10 +72,21 @@ def test_ladder_command_trains_stages_and_writes_table_plot_and_shipped_copies(t
         assert f"python -m training --preset {name} --out {tmp_path / 'runs' / name}" in card  # the same run alone
     assert "| A |" in capsys.readouterr().out
 
+    # What the exporter adds to a shipped folder survives shipping again.
+    shipped = tmp_path / "models" / "ladder-a"
+    (shipped / "onnx").mkdir()
+    (shipped / "onnx" / "model.onnx").write_bytes(b"onnx")
+    section = "<!-- gpt-serve:onnx:begin (by export) -->\n## ONNX\n<!-- gpt-serve:onnx:end -->"
+    (shipped / "README.md").write_text((shipped / "README.md").read_text() + "\n" + section + "\n")
+    weights = (shipped / "model.safetensors").read_bytes()
+
     # Run again: every stage is resumed from its final checkpoint, nothing is trained twice.
     before = (tmp_path / "runs" / "ladder-d" / "metrics.jsonl").read_text()
     assert main(argv) == 0
     assert (tmp_path / "runs" / "ladder-d" / "metrics.jsonl").read_text() == before
+    assert (shipped / "model.safetensors").read_bytes() == weights  # the same weights, byte for byte
+    assert (shipped / "onnx" / "model.onnx").read_bytes() == b"onnx"
+    assert (shipped / "README.md").read_text().count(section) == 1
 
 
 @pytest.fixture(scope="module")
