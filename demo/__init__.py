@@ -1,6 +1,7 @@
 """demo: the Gradio web demo of gpt-serve (`python -m demo`, `gpt-serve demo`, `make demo`).
 
-- `demo.app.build_demo(registry) -> gr.Blocks`: the app (loads nothing until asked).
+- `demo.app.build_demo(registry) -> gr.Blocks`: the page (loads nothing until asked).
+- `demo.handlers.DemoHandlers`: the functions behind its events and the /generate API.
 - `demo.generation`: request checking, the streaming generator with live stats, the yield throttle.
 - `demo.registry`: model names -> folders, each (model, backend) loaded once and shared.
 - `demo.attention`: per-head attention heat maps of the prompt (numpy colormap).

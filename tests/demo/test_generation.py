@@ -231,12 +231,12 @@ def test_stop_ends_the_ladder_comparison(handlers):
 
 
 def test_model_info_and_ladder_labels_show_the_validation_loss(registry):
-    from demo.app import _ladder_label
+    from demo.handlers import ladder_label
 
     assert registry.info("ladder-a") == dict(block_size=8, n_embd=32, n_head=4, n_layer=1, vocab_size=65, val_loss=3.25)
     assert registry.info("tiny")["val_loss"] is None
-    assert _ladder_label("ladder-a", registry).endswith("· val loss 3.25")
-    assert _ladder_label("ladder-c", registry).endswith("(not available)")
+    assert ladder_label("ladder-a", registry).endswith("· val loss 3.25")
+    assert ladder_label("ladder-c", registry).endswith("(not available)")
 
 
 def test_generating_again_in_the_same_page_stops_the_previous_run(handlers):

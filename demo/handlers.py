@@ -1,0 +1,237 @@
+"""The functions behind the demo's events and its /generate API, as methods of one object; no layout.
+
+`DemoHandlers` holds what every request shares (the models, the limits, the counters, the stop requests); the
+page (`demo.app.build_demo`) wires its methods to buttons, and tests call them directly, without a browser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+
+import gradio as gr
+
+from .attention import prompt_attention, render_heads
+from .generation import (
+    Activity,
+    GenerationRequest,
+    Limits,
+    Progress,
+    StopRequests,
+    clean_prompt,
+    parse_request,
+    stream_progress,
+    stream_side_by_side,
+    throttle,
+)
+from .registry import BACKENDS, LADDER_MODELS, DemoInputError, ModelRegistry
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_NEW_TOKENS = 300
+DEFAULT_TEMPERATURE = 0.8
+
+
+def format_stats(p: Progress, request: GenerationRequest) -> str:
+    ttft = "…" if p.time_to_first_token is None else f"{p.time_to_first_token * 1000:.0f} ms"
+    speed = "…" if p.tokens_per_second is None else f"{p.tokens_per_second:.0f}"
+    seed = f"{request.seed} (random)" if request.seed_was_random else str(request.seed)
+    return (
+        f"**{p.tokens}** / {request.max_new_tokens} tokens · **{speed}** tokens/s · first token **{ttft}** · "
+        f"{BACKENDS[request.backend]} · model `{request.model}` · seed {seed}"
+    )
+
+
+def attention_caption(weights, layer: int) -> str:
+    n_layer, n_head, T, _ = weights.shape
+    return (
+        f"Layer {layer} of {n_layer} · {n_head} heads · the last {T} prompt characters. Row t: how query position t "
+        f"spreads its attention over key positions 0..t (rows sum to 1; colour = √weight; grey = future positions, "
+        f"masked)."
+    )
+
+
+def ladder_label(name: str, registry: ModelRegistry) -> str:
+    """'A: one self-attention head · val loss 2.40': what the stage adds (training presets, when importable) and
+    the validation loss its training reached (when the folder has metrics)."""
+    stage = name.rsplit("-", 1)[-1].upper()
+    try:
+        from training.presets import PRESETS
+
+        label = f"{stage}: {PRESETS[name].adds}"
+    except (ImportError, KeyError):
+        label = f"{stage}: {name}"
+    try:
+        loss = registry.info(name)["val_loss"]
+    except DemoInputError:
+        return f"{label} (not available)"
+    return label if loss is None else f"{label} · val loss {loss:.2f}"
+
+
+class DemoHandlers:
+    """The demo's event functions.
+
+    Args:
+        registry: the models to serve.
+        limits: the largest requests accepted.
+        activity: counters of running streams and generated tokens (tests and benchmarks read them).
+        stream_interval: the least time between two streamed updates, in seconds.
+        default_model: what /generate uses when `model` is not given.
+        default_backend: what /generate uses when `backend` is not given.
+    """
+
+    def __init__(
+        self, registry: ModelRegistry, limits: Limits, activity: Activity, stream_interval: float,
+        default_model: str, default_backend: str,
+    ):
+        self.registry, self.limits, self.activity = registry, limits, activity
+        self.stream_interval = stream_interval
+        self.default_model, self.default_backend = default_model, default_backend
+        self.stops = StopRequests()
+        self.ladder = [n for n in LADDER_MODELS if n in registry.names]
+
+    def _parse(self, **kwargs) -> GenerationRequest:
+        return parse_request(self.registry, self.limits, **kwargs)
+
+    def generate(
+        self,
+        prompt: str,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        temperature: float = DEFAULT_TEMPERATURE,
+        top_k: int | None = None,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        backend: str | None = None,
+        model: str | None = None,
+        window_mode: str = "exact",
+        unk_policy: str = "error",
+    ) -> Iterator[str]:
+        """Streams the continuation of `prompt` (the prompt not repeated): each result is the text so far.
+
+        temperature 0 is greedy; top_k None/0 and top_p 1 disable those filters; seed None/-1 is random;
+        backend is torch, onnx or onnx-int8 and model a model name (None: the server's defaults); window_mode
+        (past block_size) is exact or refill; unk_policy (characters outside the vocabulary) error, replace or drop.
+        """
+        try:
+            request = self._parse(
+                prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                seed=seed, backend=self.default_backend if backend is None else backend,
+                model=self.default_model if model is None else model, window_mode=window_mode, unk_policy=unk_policy,
+            )
+            last = None
+            for p in throttle(stream_progress(self.registry, request, self.activity), self.stream_interval):
+                if p.text != last:
+                    last = p.text
+                    yield p.text
+        except DemoInputError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+        except Exception as e:  # a bug or a broken model file: this request fails, the server keeps serving
+            logger.exception("generation failed")
+            raise gr.Error(f"generation failed: {type(e).__name__}: {e}", print_exception=False) from None
+
+    def ui_generate(
+        self, prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, model, window_mode, replace,
+        ticket=None, page: gr.Request = None,
+    ):
+        """The Generate button: yields (output: prompt + text so far, stats, status)."""
+        if page is not None:
+            self.stops.supersede((page.session_hash, "generate"), ticket)
+        try:
+            request = self._parse(
+                prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                seed=seed, backend=backend, model=model, window_mode=window_mode,
+                unk_policy="replace" if replace else "error",
+            )
+            shown = clean_prompt(self.registry.vocab(request.model), request.prompt, request.unk_policy)
+            yield shown, "", "Generating…"
+            progress = stream_progress(
+                self.registry, request, self.activity, should_stop=lambda: self.stops.is_stopped(ticket)
+            )
+            for p in throttle(progress, self.stream_interval):
+                status = "Stopped." if p.stopped else "Done." if p.done else "Generating…"
+                yield shown + p.text, format_stats(p, request), status
+        except DemoInputError as e:
+            gr.Warning(str(e))
+            yield gr.skip(), "", f"⚠️ {e}"
+        except Exception as e:
+            logger.exception("generation failed")
+            yield gr.skip(), "", f"⚠️ generation failed: {type(e).__name__}: {e}"
+        finally:
+            self.stops.forget(ticket)
+
+    def ui_attention(self, prompt, model, replace, layer):
+        """After a run: (heat maps of `layer`, all weights for the layer selector, layer choices, caption)."""
+        if not isinstance(prompt, str) or not prompt:
+            return None, None, gr.skip(), ""
+        try:
+            name = self.registry.resolve_model(model)
+            vocab = self.registry.vocab(name)
+            torch_model = self.registry.torch_model(name)
+            text = clean_prompt(vocab, prompt, "replace" if replace else "error")
+            weights = prompt_attention(torch_model, vocab.encode(text))  # (L, H, T, T)
+        except DemoInputError as e:
+            return None, None, gr.skip(), f"No attention view: {e}"
+        except ImportError as e:  # an ONNX-only install: the view needs the PyTorch model
+            return None, None, gr.skip(), f"No attention view: it needs PyTorch ({e})"
+        n_layer = len(weights)
+        layer = layer if isinstance(layer, int) and 0 <= layer < n_layer else 0
+        layers = gr.Radio(choices=[(f"layer {i}", i) for i in range(n_layer)], value=layer)
+        return render_heads(weights[layer]), weights, layers, attention_caption(weights, layer)
+
+    def ui_layer(self, weights, layer):
+        """The layer selector: (heat maps, caption) from the weights kept after the run."""
+        if weights is None or not isinstance(layer, int) or not 0 <= layer < len(weights):
+            return gr.skip(), gr.skip()
+        return render_heads(weights[layer]), attention_caption(weights, layer)
+
+    def ui_model_info(self, model, backend):
+        """One line about the selected model, and whether the selected backend can serve it."""
+        try:
+            info = self.registry.info(model)
+        except DemoInputError as e:
+            return f"⚠️ {e}"
+        reason = self.registry.unavailable_reason(model, backend)
+        ready = f"⚠️ {reason}" if reason else f"{BACKENDS[backend]} ✓"
+        loss = "" if info["val_loss"] is None else f", validation loss {info['val_loss']:.3f}"
+        return (
+            f"`{model}`: {info['n_layer']} layers × {info['n_head']} heads, n_embd {info['n_embd']}, "
+            f"block_size {info['block_size']}{loss} · {ready}"
+        )
+
+    def ui_compare(
+        self, prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, window_mode, replace, ticket=None,
+        page: gr.Request = None,
+    ):
+        """Compare the ladder: yields (one text per ladder stage..., status)."""
+        if page is not None:
+            self.stops.supersede((page.session_hash, "compare"), ticket)
+        skip_all = [gr.skip()] * len(self.ladder)
+        try:
+            base = self._parse(
+                prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                seed=seed, backend=backend, model=self.default_model, window_mode=window_mode,
+                unk_policy="replace" if replace else "error",
+            )
+            streams = [
+                self.registry.unavailable_reason(name, base.backend)
+                or stream_progress(
+                    self.registry, dataclasses.replace(base, model=name), self.activity,
+                    should_stop=lambda: self.stops.is_stopped(ticket),
+                )
+                for name in self.ladder
+            ]
+            settings = f"same prompt, seed {base.seed} and settings through every stage"
+            for texts in stream_side_by_side(streams, self.stream_interval):
+                yield *texts, f"Running: {settings}…"
+            yield *skip_all, "Stopped." if self.stops.is_stopped(ticket) else f"Done: {settings}."
+        except DemoInputError as e:
+            yield *skip_all, f"⚠️ {e}"
+        finally:
+            self.stops.forget(ticket)
+
+    def ui_stop(self, generate_ticket, compare_ticket, page: gr.Request = None):
+        """The Stop button: ends the page's runs after their current token."""
+        self.stops.stop(generate_ticket, compare_ticket)  # runs still waiting in the queue
+        if page is not None:
+            self.stops.stop_page(page.session_hash)  # and the page's running ones, whichever ticket it holds now
