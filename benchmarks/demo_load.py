@@ -164,15 +164,16 @@ def concurrent_streams(url: str, args) -> dict:
                 aggregate=sum(tokens) / wall, ttft=[r["ttft"] for r, _ in results])
 
 
-# In the page: on each click of Generate, poll every 2 ms until the status says Generating and the output holds
-# more than the prompt; record the milliseconds since the click.
+# In the page: on each click of Generate, poll every 2 ms until the output box holds new text longer than the
+# prompt (the first generated character); record the milliseconds since the click.
 _TIME_CLICKS_JS = """n => {
     window.__ttft = [];
     document.querySelector('#generate-btn').addEventListener('click', () => {
         const clicked = performance.now();
+        const before = document.querySelector('#output textarea').value;
         const timer = setInterval(() => {
-            const generating = document.querySelector('#status').innerText.includes('Generating');
-            if (generating && document.querySelector('#output textarea').value.length > n) {
+            const now = document.querySelector('#output textarea').value;
+            if (now !== before && now.length > n) {
                 window.__ttft.push(performance.now() - clicked);
                 clearInterval(timer);
             }

@@ -69,8 +69,9 @@ def build_demo(
         activity: counters of running streams and generated tokens (tests and benchmarks read them).
     """
     registry = registry or ModelRegistry.discover()
+    limits = limits or Limits()
     handlers = DemoHandlers(
-        registry, limits or Limits(), activity or Activity(), stream_interval, registry.default_model(default_model),
+        registry, limits, activity or Activity(), stream_interval, registry.default_model(default_model),
         default_backend,
     )
     stream_group = dict(concurrency_limit=concurrency, concurrency_id="generation")

@@ -69,3 +69,13 @@ def test_heat_maps_grid_and_masked_future():
     with pytest.raises(ValueError, match="shape \\(n_head, T, T\\)"):
         render_heads(weights[0])
     assert (image == FUTURE).all(axis=-1).any()  # the masked upper triangle is drawn grey
+
+
+def test_build_demo_with_defaults_loads_nothing(registry):
+    from demo.app import build_demo
+
+    fresh = ModelRegistry(registry.folders, threads=1)
+    blocks = build_demo(fresh)
+    assert blocks.handlers.default_model == "ladder-a" and blocks.handlers.default_backend == "torch"
+    assert blocks.handlers.limits.max_new_tokens == 2000
+    assert not any(fresh.is_loaded(name, "torch") for name in fresh.available)
