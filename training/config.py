@@ -34,7 +34,7 @@ class TrainConfig:
     warmup_iters: int = _opt(0, "steps of linear warmup (both schedules)")
     min_lr: float = _opt(0.0, "final learning rate of the cosine schedule")
     max_iters: int = _opt(5000, "optimizer steps")
-    weight_decay: float = _opt(0.01, "AdamW weight decay on matrices (AdamW's default, as in the lesson)")
+    weight_decay: float = _opt(0.01, "AdamW weight decay of matrices, not biases or LayerNorm (0.01: AdamW's default)")
     beta1: float = _opt(0.9, "AdamW beta1")
     beta2: float = _opt(0.999, "AdamW beta2")
     grad_clip: float = _opt(0.0, "clip the gradient norm to this value (0: no clipping)")
