@@ -139,18 +139,20 @@ def build_demo(
             compare_status = gr.Markdown()
 
         sampling = [max_new_tokens, temperature, top_k, top_p, seed]
+        # Streams show no progress overlay: the status line and the live stats say a run is on, and drawing the
+        # overlay delays the first characters by ~150 ms in a browser on a busy 2-core machine.
         gen_event = generate_btn.click(None, None, gen_ticket, js=NEW_TICKET_JS, queue=False, **private).then(
             handlers.ui_generate, [prompt, *sampling, backend, model, window_mode, replace, gen_ticket],
-            [output, stats, status], **private, **stream_group,
+            [output, stats, status], show_progress="hidden", **private, **stream_group,
         )
         gen_event.then(  # also after Stop: the view is of the prompt
             handlers.ui_attention, [prompt, model, replace, layer], [heatmap, attention_state, layer, caption],
-            concurrency_limit=concurrency, concurrency_id="attention", **private,
+            concurrency_limit=concurrency, concurrency_id="attention", show_progress="minimal", **private,
         )
         layer.input(handlers.ui_layer, [attention_state, layer], [heatmap, caption], queue=False, **private)
         compare_btn.click(None, None, compare_ticket, js=NEW_TICKET_JS, queue=False, **private).then(
             handlers.ui_compare, [prompt, *sampling, backend, window_mode, replace, compare_ticket],
-            [*ladder_outputs, compare_status], **private, **stream_group,
+            [*ladder_outputs, compare_status], show_progress="hidden", **private, **stream_group,
         )
         stop_btn.click(handlers.ui_stop, [gen_ticket, compare_ticket], None, queue=False, **private)
         for trigger in (model.change, backend.change, demo.load):
