@@ -1,0 +1,94 @@
+"""CharTokenizer: the lesson's character tokenizer as a transformers tokenizer.
+
+The vocabulary is `sorted(set(corpus))` (ids = the lesson's), stored in `vocab.json` and handled by `CharVocab`.
+A `<pad>` special token is appended after the characters (id = number of characters) so batches can be padded;
+the model never embeds it (it embeds padding positions as id 0 and masks them out).
+"""
+
+from __future__ import annotations
+
+import os
+
+from transformers import PreTrainedTokenizer
+
+from .vocab import UNK_POLICIES, VOCAB_FILE_NAME, CharVocab
+
+PAD_TOKEN = "<pad>"
+
+
+class CharTokenizer(PreTrainedTokenizer):
+    """One token per character.
+
+    Args:
+        vocab_file: path of a `vocab.json` mapping each character to its id.
+        chars: the characters in id order, instead of `vocab_file` (see also `from_corpus`).
+        unk_policy: characters outside the vocabulary: `"error"` (default) raises a `ValueError` naming them and
+            their positions; `"drop"` removes them; `"replace"` maps them to `unk_replacement`.
+        unk_replacement: the character `"replace"` uses (default: a space).
+    """
+
+    vocab_files_names = {"vocab_file": VOCAB_FILE_NAME}
+    model_input_names = ["input_ids", "attention_mask"]
+
+    def __init__(
+        self,
+        vocab_file: str | None = None,
+        chars: list[str] | None = None,
+        unk_policy: str = "error",
+        unk_replacement: str | None = None,
+        **kwargs,
+    ):
+        if (vocab_file is None) == (chars is None):
+            raise ValueError("CharTokenizer needs exactly one of vocab_file or chars")
+        if vocab_file is not None:
+            self.vocab = CharVocab.from_file(vocab_file, unk_policy=unk_policy, unk_replacement=unk_replacement)
+        else:
+            self.vocab = CharVocab(chars, unk_policy=unk_policy, unk_replacement=unk_replacement)
+        kwargs.setdefault("pad_token", PAD_TOKEN)
+        kwargs.setdefault("padding_side", "left")  # generation pads on the left
+        kwargs.setdefault("model_max_length", int(1e30))
+        super().__init__(unk_policy=unk_policy, unk_replacement=self.vocab.unk_replacement, **kwargs)
+
+    @classmethod
+    def from_corpus(cls, text: str, **kwargs) -> CharTokenizer:
+        """The lesson's vocabulary: every distinct character of `text`, sorted."""
+        return cls(chars=CharVocab.from_text(text).chars, **kwargs)
+
+    @property
+    def unk_policy(self) -> str:
+        return self.vocab.unk_policy
+
+    @unk_policy.setter
+    def unk_policy(self, value: str) -> None:
+        if value not in UNK_POLICIES:
+            raise ValueError(f"unk_policy must be one of {UNK_POLICIES}, got {value!r}")
+        self.vocab.unk_policy = value
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def get_vocab(self) -> dict[str, int]:
+        return {**self.vocab.stoi, **self.added_tokens_encoder}
+
+    def _tokenize(self, text: str, **kwargs) -> list[str]:
+        return list(self.vocab.clean(text))
+
+    def _convert_token_to_id(self, token: str) -> int:
+        return self.vocab.stoi[token]
+
+    def _convert_id_to_token(self, index: int) -> str:
+        return self.vocab.chars[index]
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        return "".join(tokens)
+
+    def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str]:
+        if not os.path.isdir(save_directory):
+            raise ValueError(f"save_vocabulary needs an existing directory, got {save_directory!r}")
+        path = os.path.join(save_directory, (filename_prefix + "-" if filename_prefix else "") + VOCAB_FILE_NAME)
+        self.vocab.save(path)
+        return (path,)
+
+
+__all__ = ["CharTokenizer"]
