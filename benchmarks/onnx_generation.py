@@ -34,7 +34,11 @@ from gpt_serve.onnx_backend import OnnxBackend, onnx_path
 from gpt_serve.sampling import SamplingParams
 from gpt_serve.torch_backend import TorchBackend, full_recompute_generate
 
+# Run as a script, this folder is sys.path[0], and its other scripts (benchmarks/training.py) would shadow the
+# repository's packages of the same name: look in the repository root first.
 ROOT = Path(__file__).resolve().parents[1]
+if sys.path and Path(sys.path[0]).resolve() == ROOT / "benchmarks":
+    sys.path[0] = str(ROOT)
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 GREEDY = SamplingParams(temperature=0)  # the sampler costs the same on every path; greedy keeps runs comparable
 
