@@ -16,6 +16,10 @@ over rounds. Achieved FLOP/s count the model FLOPs of a step as 6 * N * tokens (
 embeddings) plus 12 * n_layer * block_size * n_embd * tokens for attention (the PaLM appendix's formula; causal
 masking is not discounted), so both implementations are credited with the same work.
 
+Other processes change the result a lot: with 2 threads on a busy 2-core machine every parallel operator waits for
+its slower thread, which costs the lesson's many small operators far more than ours. The script prints the load
+average it started under; compare figures taken on a quiet machine.
+
 This is a script that prints numbers, not a test.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -202,6 +207,7 @@ def time_steps(fn, steps: int, device: torch.device) -> float:
 
 
 def bench_preset(preset: str, args) -> dict:
+    load_at_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     ours = Ours(preset, args.data, args.device, args.compile)
     device = ours.trainer.rt.device
     lesson = Lesson(ours)
@@ -216,6 +222,7 @@ def bench_preset(preset: str, args) -> dict:
         times["lesson"].append(time_steps(lesson.step, args.steps, device))
     out = {
         "preset": preset,
+        "load_average_at_start": load_at_start,
         "device": str(device),
         "threads": torch.get_num_threads(),
         "compiled": ours.trainer.compiled,
@@ -256,7 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"# torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads, device {args.device}")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    print(
+        f"# torch {torch.__version__}, {platform.machine()} ({os.cpu_count()} CPUs, load average {load}), "
+        f"{torch.get_num_threads()} threads, device {args.device}"
+    )
     results = []
     for preset in args.presets.split(","):
         r = bench_preset(preset, args)
