@@ -87,7 +87,7 @@ class LessonModel(nn.Module):
         if stage == "a":
             self.sa_head = MultiHeadAttention(1, N_EMBD, proj=False)  # the lesson's `Head(n_embd)`
         elif stage in ("b", "c"):
-            self.sa_head = MultiHeadAttention(4, N_EMBD // 4, proj=False)
+            self.sa_head = MultiHeadAttention(4, N_EMBD // 4, proj=True)  # the issue's B: with a projection
             self.ffwd = FeedForwardC() if stage == "c" else None
         else:
             self.blocks = nn.Sequential(*[Block(4, layer_norm=stage == "e") for _ in range(3)])
@@ -162,9 +162,9 @@ def test_ladder_stage_computes_what_the_lessons_model_computes(stage):
 
 
 def test_reference_tells_stages_apart():
-    """The parity check can fail: A and B have equal counts (one head of 32 = four of 8), and B != C in output."""
-    assert n_params(LessonModel("a")) == n_params(LessonModel("b"))
-    counts = [n_params(LessonModel(s)) for s in "acde"]
+    """The parity check can fail: every stage has its own count, and B != C in output."""
+    assert n_params(LessonModel("b")) - n_params(LessonModel("a")) == 32 * 32 + 32  # the output projection
+    counts = [n_params(LessonModel(s)) for s in "abcde"]
     assert len(set(counts)) == len(counts)
     torch.manual_seed(0)
     ref_c = LessonModel("c").eval()
