@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-fast lint bench sync-models clean
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/generation.py
+
+# Refresh the module files (trust_remote_code) inside the shipped model folders after editing gpt_serve/.
+sync-models:
+	for c in gpt_serve/models/*/config.json; do for f in $$(dirname $$c)/*.py; do cp gpt_serve/$$(basename $$f) $$f; done; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

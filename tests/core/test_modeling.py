@@ -180,3 +180,19 @@ def test_trust_remote_code_without_gpt_serve_installed(tmp_path, tiny_model_dir,
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[0] == str(expected)
+
+
+def test_shipped_models_carry_the_current_module_files():
+    """The module files in a shipped folder (for trust_remote_code) are the package's own (`make sync-models`)."""
+    from pathlib import Path
+
+    import gpt_serve
+    from gpt_serve.models import list_models, model_path
+
+    package = Path(gpt_serve.__file__).parent
+    assert "shakespeare" in list_models()
+    for name in list_models():
+        copies = sorted(model_path(name).glob("*.py"))
+        assert copies, f"{name} has no module files"
+        for copy in copies:
+            assert copy.read_text() == (package / copy.name).read_text(), f"{name}/{copy.name} is stale"

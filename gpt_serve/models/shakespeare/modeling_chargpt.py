@@ -273,7 +273,9 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
         if attention_mask is not None:
             # Padding may hold the tokenizer's pad id, which has no embedding row: embed id 0 there instead.
             input_ids = input_ids.masked_fill(attention_mask[:, -T:] == 0, 0)
-        if bool(((input_ids < 0) | (input_ids >= V)).any()):
+        # Value checks read tensors back (a device sync); compiled training graphs skip them.
+        validate = not torch.compiler.is_compiling()
+        if validate and bool(((input_ids < 0) | (input_ids >= V)).any()):
             bad = input_ids[(input_ids < 0) | (input_ids >= V)].unique().tolist()
             raise ValueError(f"input_ids holds ids {bad[:10]} outside the vocabulary [0, {V - 1}]")
         if position_ids is None:
@@ -281,7 +283,7 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
             else:
                 position_ids = torch.arange(past, past + T, device=input_ids.device).unsqueeze(0).expand(B, T)
-        if bool((position_ids >= block_size).any()) or bool((position_ids < 0).any()):
+        if validate and bool(((position_ids >= block_size) | (position_ids < 0)).any()):
             raise ValueError(
                 f"positions must lie in [0, block_size) = [0, {block_size}), got max {int(position_ids.max())}: "
                 f"the model has {block_size} learned positions. generate() slides the window past block_size; "
