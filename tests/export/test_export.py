@@ -64,6 +64,23 @@ def test_graph_io_names_dims_opset_and_metadata(exported_dir, quantized):
     assert meta["weights_sha256"] == weights_sha256(exported_dir) and len(meta["weights_sha256"]) == 64
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the TorchScript exporter, on purpose (see onnx_export)
+def test_lean_attention_is_used_and_then_unregistered(exported_dir, tmp_path):
+    import torch
+    import torch.nn.functional as F
+
+    ops = {node.op_type for node in onnx.load(str(onnx_path(exported_dir))).graph.node}
+    assert "Sqrt" not in ops  # no runtime-derived attention scale
+
+    class Causal(torch.nn.Module):  # the exporter's own translation handles what lean_attention refuses
+        def forward(self, q):
+            return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    path = str(tmp_path / "causal.onnx")
+    torch.onnx.export(Causal(), (torch.randn(1, 2, 3, 4),), path, dynamo=False, opset_version=17)
+    assert "Sqrt" in {node.op_type for node in onnx.load(path).graph.node}
+
+
 def test_validation_catches_a_graph_that_differs_from_the_model(exported_dir):
     session = load_session(onnx_path(exported_dir), threads=1)
     same = compare_with_torch(make_tiny_model(seed=0), session)
