@@ -105,7 +105,9 @@ def lean_attention(head_size: int, opset: int = OPSET):
     The exporter's own translation derives the scale from the runtime shape of the query (Shape, Gather, Slice,
     Cast, Sqrt, Div, Sqrt: seven scalar nodes per layer, which ONNX Runtime does not fold because the batch and
     sequence dims are dynamic) and scales q and k separately. At batch 1 a decode step is a few hundred tiny
-    nodes, so each one costs: this translation makes decode ~10% faster. Same math, checked by `export.validate`.
+    nodes, so each one costs: with this translation (which ONNX Runtime then fuses into one FusedMatMul) decode of
+    the 10.8M lesson model went from 487 to 584 tokens/s (fp32) and 970 to 1212 (int8), 2 threads, best of 5.
+    Same math, checked by `export.validate`.
     Only the general path is handled (explicit additive float mask, no dropout); the tracing example takes it.
     """
     from torch.onnx import register_custom_op_symbolic, unregister_custom_op_symbolic
