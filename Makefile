@@ -32,7 +32,8 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 bench: $(STAMP)
-	$(PY) benchmarks/generation.py
+	$(PY) benchmarks/onnx_generation.py --threads 2
+	$(PY) benchmarks/training.py --threads 2 --presets shakespeare-cpu
 
 # Refresh the module files (trust_remote_code) inside the shipped model folders after editing gpt_serve/.
 sync-models:

@@ -47,13 +47,32 @@ def free_port() -> int:
 def start_demo(args) -> tuple[subprocess.Popen, str, str]:
     """`python -m demo` on a free port; returns (process, url, its startup lines)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "demo", "--port", str(port), "--threads", str(args.threads), "--model", args.model,
-           "--concurrency", str(args.concurrency), "--log-level", "WARNING"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "demo",
+        "--port",
+        str(port),
+        "--threads",
+        str(args.threads),
+        "--model",
+        args.model,
+        "--concurrency",
+        str(args.concurrency),
+        "--log-level",
+        "WARNING",
+    ]
     for spec in args.model_dir:
         cmd += ["--model-dir", spec]
     start = time.perf_counter()
-    process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     lines = []
     for line in process.stdout:
         lines.append(line.rstrip())
@@ -97,8 +116,9 @@ def http_stream(http, url: str, data: list) -> dict:
     if first is None:
         raise RuntimeError("/generate returned no text")
     decode = last - first[0]
-    return dict(ttft=first[0] - start, tps=(len(text) - first[1]) / decode if decode > 0 else float("nan"),
-                tokens=len(text))
+    return dict(
+        ttft=first[0] - start, tps=(len(text) - first[1]) / decode if decode > 0 else float("nan"), tokens=len(text)
+    )
 
 
 def client_ttft(client, args, backend: str, seed: int) -> float:
@@ -129,8 +149,9 @@ def per_backend(url: str, args) -> tuple[list, list]:
             except RuntimeError as e:  # an unavailable backend: say so and go on
                 http_rows.append((backend, f"unavailable: {str(e)[:160]}"))
                 continue
-            runs = [http_stream(http, url, api_data(args, backend, i, args.max_new_tokens))
-                    for i in range(args.requests)]
+            runs = [
+                http_stream(http, url, api_data(args, backend, i, args.max_new_tokens)) for i in range(args.requests)
+            ]
             http_rows.append(row(backend, [r["ttft"] for r in runs], [r["tps"] for r in runs]))
             ttfts = [client_ttft(client, args, backend, i) for i in range(args.requests)]
             client_rows.append(row(backend, ttfts, None))
@@ -160,8 +181,13 @@ def concurrent_streams(url: str, args) -> dict:
         results = list(pool.map(run, range(n)))
     wall = max(end for _, end in results) - start_at[0]
     tokens = [r["tokens"] for r, _ in results]
-    return dict(streams=n, complete=sum(t == args.stream_tokens for t in tokens), wall=wall,
-                aggregate=sum(tokens) / wall, ttft=[r["ttft"] for r, _ in results])
+    return dict(
+        streams=n,
+        complete=sum(t == args.stream_tokens for t in tokens),
+        wall=wall,
+        aggregate=sum(tokens) / wall,
+        ttft=[r["ttft"] for r, _ in results],
+    )
 
 
 # In the page: on each click of Generate, poll every 2 ms until the output box holds new text longer than the
@@ -187,8 +213,15 @@ def browser_ttft(url: str, args) -> list[float]:
     default model and backend: start it with --model)."""
     from playwright.sync_api import sync_playwright
 
-    flags = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync"]
+    flags = [
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=flags)
         page = browser.new_page()
@@ -200,8 +233,9 @@ def browser_ttft(url: str, args) -> list[float]:
         for i in range(args.requests + 1):
             page.locator("#generate-btn").click()
             page.wait_for_function(f"() => window.__ttft.length > {i}", timeout=120_000)
-            page.wait_for_function("() => document.querySelector('#status').innerText.includes('Done.')",
-                                   polling=50, timeout=120_000)
+            page.wait_for_function(
+                "() => document.querySelector('#status').innerText.includes('Done.')", polling=50, timeout=120_000
+            )
         ttfts = page.evaluate("() => window.__ttft")
         browser.close()
     return [t / 1000 for t in ttfts[1:]]  # the first click also warms the page up
@@ -225,8 +259,17 @@ def engine_alone(args) -> list[tuple]:
         runs = []
         for seed in range(args.requests + 1):
             request = parse_request(
-                registry, Limits(), prompt=args.prompt, max_new_tokens=args.max_new_tokens, temperature=0.8,
-                top_k=None, top_p=1.0, seed=seed, backend=backend, model=args.model, window_mode=args.window_mode,
+                registry,
+                Limits(),
+                prompt=args.prompt,
+                max_new_tokens=args.max_new_tokens,
+                temperature=0.8,
+                top_k=None,
+                top_p=1.0,
+                seed=seed,
+                backend=backend,
+                model=args.model,
+                window_mode=args.window_mode,
             )
             runs.append(list(stream_progress(registry, request))[-1])
         runs = runs[1:]  # the first one loaded the backend
@@ -264,9 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.backends = [b for b in args.backends.split(",") if b]
 
-    print(f"demo benchmark: model {args.model!r}, prompt {args.prompt!r}, {args.max_new_tokens} new tokens "
-          f"(window {args.window_mode}), {args.threads} thread(s) per forward, {os.cpu_count()} CPUs, load average "
-          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(
+        f"demo benchmark: model {args.model!r}, prompt {args.prompt!r}, {args.max_new_tokens} new tokens "
+        f"(window {args.window_mode}), {args.threads} thread(s) per forward, {os.cpu_count()} CPUs, load average "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}"
+    )
     process, url = None, args.url
     if url is None:
         process, url, startup = start_demo(args)
@@ -277,12 +322,16 @@ def main(argv: list[str] | None = None) -> int:
         print_table("one stream at a time, gradio_client (TTFT only)", client_rows)
         if args.browser:
             t = browser_ttft(url, args)
-            print(f"\nbrowser ({args.model}, default backend): click Generate -> first character: p50 "
-                  f"{p50(t) * 1000:.0f} ms, max {max(t) * 1000:.0f} ms ({len(t)} clicks)")
+            print(
+                f"\nbrowser ({args.model}, default backend): click Generate -> first character: p50 "
+                f"{p50(t) * 1000:.0f} ms, max {max(t) * 1000:.0f} ms ({len(t)} clicks)"
+            )
         c = concurrent_streams(url, args)
-        print(f"\n{c['streams']} concurrent streams ({args.stream_backend}, {args.stream_tokens} tokens each): "
-              f"{c['complete']}/{c['streams']} complete in {c['wall']:.2f} s, aggregate {c['aggregate']:.0f} "
-              f"tokens/s; TTFT p50 {p50(c['ttft']) * 1000:.0f} ms, max {max(c['ttft']) * 1000:.0f} ms")
+        print(
+            f"\n{c['streams']} concurrent streams ({args.stream_backend}, {args.stream_tokens} tokens each): "
+            f"{c['complete']}/{c['streams']} complete in {c['wall']:.2f} s, aggregate {c['aggregate']:.0f} "
+            f"tokens/s; TTFT p50 {p50(c['ttft']) * 1000:.0f} ms, max {max(c['ttft']) * 1000:.0f} ms"
+        )
     finally:
         if process is not None:
             process.terminate()

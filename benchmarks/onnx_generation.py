@@ -110,14 +110,27 @@ def bench_model(name: str, folder: Path, text: str, args) -> list[dict]:
     }
     rows = []
     for label, backend in paths.items():
-        run = (lambda *a, **k: naive_run(model, *a, **k)) if backend is None else (
-            lambda *a, _b=backend, **k: engine_run(_b, *a, **k))
+        run = (
+            (lambda *a, **k: naive_run(model, *a, **k))
+            if backend is None
+            else (lambda *a, _b=backend, **k: engine_run(_b, *a, **k))
+        )
         run(prompt, 3)  # warm-up: first-call allocations, thread pools
         ttft, inside = best([run(prompt, in_window) for _ in range(args.repeats)])
         _, exact = best([run(full_prompt, args.past_window_tokens, "exact") for _ in range(args.repeats)])
         _, refill = best([run(full_prompt, args.past_window_tokens, "refill") for _ in range(args.repeats)])
-        rows.append(dict(model=name, path=label, ttft_ms=1e3 * ttft, inside=inside, exact=exact, refill=refill,
-                         prompt=len(prompt), in_window=in_window))
+        rows.append(
+            dict(
+                model=name,
+                path=label,
+                ttft_ms=1e3 * ttft,
+                inside=inside,
+                exact=exact,
+                refill=refill,
+                prompt=len(prompt),
+                in_window=in_window,
+            )
+        )
         print(f"  {name}: {label}: {inside:.1f} tok/s in window", file=sys.stderr)
     naive, engine = rows[0]["inside"], rows[1]["inside"]
     for row in rows:
@@ -135,6 +148,7 @@ def markdown(rows: list[dict], args) -> str:
         "| in-window speed-up vs naive | vs PyTorch engine |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
+
     def rate(x: float) -> str:
         return f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
@@ -154,8 +168,12 @@ def markdown(rows: list[dict], args) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["lesson", "shakespeare"],
-                        help="'lesson' (10.8M, random weights), shipped model names or model folders")
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["lesson", "shakespeare"],
+        help="'lesson' (10.8M, random weights), shipped model names or model folders",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Tiny Shakespeare (prompts, int8 check)")
     parser.add_argument("--in-window-tokens", type=int, default=None, help="default: fill the window")

@@ -71,7 +71,11 @@ def build_demo(
     registry = registry or ModelRegistry.discover()
     limits = limits or Limits()
     handlers = DemoHandlers(
-        registry, limits, activity or Activity(), stream_interval, registry.default_model(default_model),
+        registry,
+        limits,
+        activity or Activity(),
+        stream_interval,
+        registry.default_model(default_model),
         default_backend,
     )
     stream_group = dict(concurrency_limit=concurrency, concurrency_id="generation")
@@ -88,7 +92,11 @@ def build_demo(
                 gr.Examples(EXAMPLES, inputs=[prompt], label="Examples")
                 with gr.Accordion("Sampling", open=True):
                     max_new_tokens = gr.Slider(
-                        1, limits.max_new_tokens, DEFAULT_MAX_NEW_TOKENS, step=1, label="Max new tokens",
+                        1,
+                        limits.max_new_tokens,
+                        DEFAULT_MAX_NEW_TOKENS,
+                        step=1,
+                        label="Max new tokens",
                         elem_id="max-new-tokens",
                     )
                     temperature = gr.Slider(0, 2, DEFAULT_TEMPERATURE, step=0.05, label="Temperature (0 = greedy)")
@@ -101,15 +109,24 @@ def build_demo(
                 with gr.Row():
                     model = gr.Dropdown(
                         [(n if n in registry.available else f"{n} (not available)", n) for n in registry.names],
-                        value=handlers.default_model, label="Model", elem_id="model",
+                        value=handlers.default_model,
+                        label="Model",
+                        elem_id="model",
                     )
                     backend = gr.Dropdown(
-                        [(label, key) for key, label in BACKENDS.items()], value=default_backend, label="Backend",
+                        [(label, key) for key, label in BACKENDS.items()],
+                        value=default_backend,
+                        label="Backend",
                         elem_id="backend",
                     )
                 model_info = gr.Markdown(elem_id="model-info")
                 output = gr.Textbox(
-                    label="Output", lines=16, max_lines=28, interactive=False, autoscroll=True, elem_id="output",
+                    label="Output",
+                    lines=16,
+                    max_lines=28,
+                    interactive=False,
+                    autoscroll=True,
+                    elem_id="output",
                     buttons=["copy"],
                 )
                 stats = gr.Markdown(elem_id="stats")
@@ -117,8 +134,13 @@ def build_demo(
         with gr.Accordion("Attention: what each head looks at in the prompt", open=True):
             layer = gr.Radio([("layer 0", 0)], value=0, label="Layer", elem_id="layer")
             heatmap = gr.Image(
-                label="Attention heat maps (query position ↓ × key position →)", show_label=False, type="numpy",
-                format="png", interactive=False, elem_id="attention", buttons=["download", "fullscreen"],
+                label="Attention heat maps (query position ↓ × key position →)",
+                show_label=False,
+                type="numpy",
+                format="png",
+                interactive=False,
+                elem_id="attention",
+                buttons=["download", "fullscreen"],
             )
             caption = gr.Markdown(elem_id="attention-caption")
             attention_state = gr.State(None)
@@ -132,8 +154,13 @@ def build_demo(
             compare_btn = gr.Button("Compare the ladder", elem_id="compare-btn")
             with gr.Row():
                 ladder_outputs = [
-                    gr.Textbox(label=ladder_label(n, registry), lines=12, interactive=False, elem_classes="ladder",
-                               elem_id=f"compare-{n}")
+                    gr.Textbox(
+                        label=ladder_label(n, registry),
+                        lines=12,
+                        interactive=False,
+                        elem_classes="ladder",
+                        elem_id=f"compare-{n}",
+                    )
                     for n in handlers.ladder
                 ]
             compare_status = gr.Markdown()
@@ -142,17 +169,30 @@ def build_demo(
         # Streams show no progress overlay: the status line and the live stats say a run is on, and drawing the
         # overlay delays the first characters by ~150 ms in a browser on a busy 2-core machine.
         gen_event = generate_btn.click(None, None, gen_ticket, js=NEW_TICKET_JS, queue=False, **private).then(
-            handlers.ui_generate, [prompt, *sampling, backend, model, window_mode, replace, gen_ticket],
-            [output, stats, status], show_progress="hidden", **private, **stream_group,
+            handlers.ui_generate,
+            [prompt, *sampling, backend, model, window_mode, replace, gen_ticket],
+            [output, stats, status],
+            show_progress="hidden",
+            **private,
+            **stream_group,
         )
         gen_event.then(  # also after Stop: the view is of the prompt
-            handlers.ui_attention, [prompt, model, replace, layer], [heatmap, attention_state, layer, caption],
-            concurrency_limit=concurrency, concurrency_id="attention", show_progress="minimal", **private,
+            handlers.ui_attention,
+            [prompt, model, replace, layer],
+            [heatmap, attention_state, layer, caption],
+            concurrency_limit=concurrency,
+            concurrency_id="attention",
+            show_progress="minimal",
+            **private,
         )
         layer.input(handlers.ui_layer, [attention_state, layer], [heatmap, caption], queue=False, **private)
         compare_btn.click(None, None, compare_ticket, js=NEW_TICKET_JS, queue=False, **private).then(
-            handlers.ui_compare, [prompt, *sampling, backend, window_mode, replace, compare_ticket],
-            [*ladder_outputs, compare_status], show_progress="hidden", **private, **stream_group,
+            handlers.ui_compare,
+            [prompt, *sampling, backend, window_mode, replace, compare_ticket],
+            [*ladder_outputs, compare_status],
+            show_progress="hidden",
+            **private,
+            **stream_group,
         )
         stop_btn.click(handlers.ui_stop, [gen_ticket, compare_ticket], None, queue=False, **private)
         for trigger in (model.change, backend.change, demo.load):

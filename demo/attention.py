@@ -15,14 +15,25 @@ import numpy as np
 # viridis at 9 evenly spaced points; interpolated into a 256-entry lookup table
 _VIRIDIS = np.array(
     [
-        [68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141],
-        [39, 173, 129], [92, 200, 99], [170, 220, 50], [253, 231, 37],
+        [68, 1, 84],
+        [71, 44, 122],
+        [59, 81, 139],
+        [44, 113, 142],
+        [33, 144, 141],
+        [39, 173, 129],
+        [92, 200, 99],
+        [170, 220, 50],
+        [253, 231, 37],
     ],
     dtype=np.float64,
 )
-COLORMAP = np.stack(
-    [np.interp(np.linspace(0, 1, 256), np.linspace(0, 1, len(_VIRIDIS)), _VIRIDIS[:, c]) for c in range(3)], axis=1
-).round().astype(np.uint8)  # (256, 3)
+COLORMAP = (
+    np.stack(
+        [np.interp(np.linspace(0, 1, 256), np.linspace(0, 1, len(_VIRIDIS)), _VIRIDIS[:, c]) for c in range(3)], axis=1
+    )
+    .round()
+    .astype(np.uint8)
+)  # (256, 3)
 FUTURE = np.array([236, 236, 240], dtype=np.uint8)  # keys a query cannot see (above the diagonal)
 BACKGROUND = (255, 255, 255)
 TILE_PX = 192  # a head's map is scaled up (nearest neighbour) to at least this many pixels

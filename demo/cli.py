@@ -37,25 +37,52 @@ def _port(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m demo", description="Launch the gpt-serve web demo (Gradio).")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="interface to bind (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to bind (default 127.0.0.1: this machine only; 0.0.0.0: every interface)",
+    )
     p.add_argument("--port", type=_port, default=7860, help="TCP port (default 7860)")
     p.add_argument("--share", action="store_true", help="also open a public *.gradio.live link (needs internet)")
-    p.add_argument("--model", default=None,
-                   help="model selected when the page opens (default: shakespeare, else the first model found)")
-    p.add_argument("--model-dir", action="append", default=[], metavar="[NAME=]PATH",
-                   help="add a model folder (a save_pretrained folder); repeat for more")
-    p.add_argument("--models-root", default=str(MODELS_DIR),
-                   help="folder whose sub-folders are the named models (default: the shipped models)")
-    p.add_argument("--backend", choices=list(BACKENDS), default="torch",
-                   help="backend selected when the page opens (default torch)")
-    p.add_argument("--threads", type=_positive_int, default=1,
-                   help="threads per forward pass, PyTorch and ONNX Runtime (default 1: suits many users at once)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model selected when the page opens (default: shakespeare, else the first model found)",
+    )
+    p.add_argument(
+        "--model-dir",
+        action="append",
+        default=[],
+        metavar="[NAME=]PATH",
+        help="add a model folder (a save_pretrained folder); repeat for more",
+    )
+    p.add_argument(
+        "--models-root",
+        default=str(MODELS_DIR),
+        help="folder whose sub-folders are the named models (default: the shipped models)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=list(BACKENDS),
+        default="torch",
+        help="backend selected when the page opens (default torch)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        help="threads per forward pass, PyTorch and ONNX Runtime (default 1: suits many users at once)",
+    )
     p.add_argument("--concurrency", type=_positive_int, default=16, help="generations running at once (default 16)")
-    p.add_argument("--max-new-tokens-limit", type=_positive_int, default=2000,
-                   help="the largest max_new_tokens a request may ask for (default 2000)")
-    p.add_argument("--stream-interval", type=float, default=0.05,
-                   help="least seconds between two streamed updates (default 0.05)")
+    p.add_argument(
+        "--max-new-tokens-limit",
+        type=_positive_int,
+        default=2000,
+        help="the largest max_new_tokens a request may ask for (default 2000)",
+    )
+    p.add_argument(
+        "--stream-interval", type=float, default=0.05, help="least seconds between two streamed updates (default 0.05)"
+    )
     p.add_argument("--no-preload", action="store_true", help="load models on first use instead of at startup")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -102,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     except ImportError:
-        print("demo: torch is not installed: only the ONNX Runtime backends work, without the attention view",
-              file=sys.stderr)
+        print(
+            "demo: torch is not installed: only the ONNX Runtime backends work, without the attention view",
+            file=sys.stderr,
+        )
     from .app import CSS, build_demo
     from .generation import Limits
     from .registry import ModelRegistry
@@ -114,26 +143,39 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"demo: error: {e}", file=sys.stderr)
         return 2
-    print(f"demo: models {registry.available or 'none'} (listed but missing: "
-          f"{[n for n in registry.names if n not in registry.available] or 'none'})")
+    print(
+        f"demo: models {registry.available or 'none'} (listed but missing: "
+        f"{[n for n in registry.names if n not in registry.available] or 'none'})"
+    )
     if not args.no_preload:
         print(f"demo: {preload(registry, default_model, args.backend)}")
     demo = build_demo(
-        registry, default_model=default_model, default_backend=args.backend,
-        limits=Limits(max_new_tokens=args.max_new_tokens_limit), stream_interval=args.stream_interval,
+        registry,
+        default_model=default_model,
+        default_backend=args.backend,
+        limits=Limits(max_new_tokens=args.max_new_tokens_limit),
+        stream_interval=args.stream_interval,
         concurrency=args.concurrency,
     )
     try:
         demo.launch(
-            server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
-            max_threads=max(40, 2 * args.concurrency + 8), css=CSS, ssr_mode=False,
+            server_name=args.host,
+            server_port=args.port,
+            share=args.share,
+            prevent_thread_lock=True,
+            max_threads=max(40, 2 * args.concurrency + 8),
+            css=CSS,
+            ssr_mode=False,
         )
     except OSError as e:
         print(f"demo: error: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 2
     age = seconds_since_process_start()
-    print(f"demo: ready in {age:.1f} s (since the process started; Ctrl+C stops it)" if age is not None
-          else "demo: ready (Ctrl+C stops it)")
+    print(
+        f"demo: ready in {age:.1f} s (since the process started; Ctrl+C stops it)"
+        if age is not None
+        else "demo: ready (Ctrl+C stops it)"
+    )
     try:
         demo.block_thread()
     except KeyboardInterrupt:

@@ -175,7 +175,16 @@ def parse_request(
     if unk_policy not in UNK_POLICIES:
         raise DemoInputError(f"unk_policy must be one of {list(UNK_POLICIES)}, got {unk_policy!r}")
     return GenerationRequest(
-        prompt, max_new_tokens, temperature, top_k, top_p, seed, seed_was_random, backend, model, window_mode,
+        prompt,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        seed_was_random,
+        backend,
+        model,
+        window_mode,
         unk_policy,
     )
 
@@ -265,8 +274,15 @@ def stream_progress(
     loaded = registry.backend(request.model, request.backend)
     prompt = clean_prompt(loaded.vocab, request.prompt, request.unk_policy)
     pieces = stream_text(
-        loaded.backend, loaded.vocab, prompt, request.max_new_tokens, temperature=request.temperature,
-        top_k=request.top_k, top_p=request.top_p, seed=request.seed, window_mode=request.window_mode,
+        loaded.backend,
+        loaded.vocab,
+        prompt,
+        request.max_new_tokens,
+        temperature=request.temperature,
+        top_k=request.top_k,
+        top_p=request.top_p,
+        seed=request.seed,
+        window_mode=request.window_mode,
     )
     activity = activity or Activity()
     activity.begin()

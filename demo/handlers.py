@@ -82,8 +82,13 @@ class DemoHandlers:
     """
 
     def __init__(
-        self, registry: ModelRegistry, limits: Limits, activity: Activity, stream_interval: float,
-        default_model: str, default_backend: str,
+        self,
+        registry: ModelRegistry,
+        limits: Limits,
+        activity: Activity,
+        stream_interval: float,
+        default_model: str,
+        default_backend: str,
     ):
         self.registry, self.limits, self.activity = registry, limits, activity
         self.stream_interval = stream_interval
@@ -115,9 +120,16 @@ class DemoHandlers:
         """
         try:
             request = self._parse(
-                prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                seed=seed, backend=self.default_backend if backend is None else backend,
-                model=self.default_model if model is None else model, window_mode=window_mode, unk_policy=unk_policy,
+                prompt=prompt,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=seed,
+                backend=self.default_backend if backend is None else backend,
+                model=self.default_model if model is None else model,
+                window_mode=window_mode,
+                unk_policy=unk_policy,
             )
             last = None
             for p in throttle(stream_progress(self.registry, request, self.activity), self.stream_interval):
@@ -131,16 +143,34 @@ class DemoHandlers:
             raise gr.Error(f"generation failed: {type(e).__name__}: {e}", print_exception=False) from None
 
     def ui_generate(
-        self, prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, model, window_mode, replace,
-        ticket=None, page: gr.Request = None,
+        self,
+        prompt,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        backend,
+        model,
+        window_mode,
+        replace,
+        ticket=None,
+        page: gr.Request = None,
     ):
         """The Generate button: yields (output: prompt + text so far, stats, status)."""
         if page is not None:
             self.stops.supersede((page.session_hash, "generate"), ticket)
         try:
             request = self._parse(
-                prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                seed=seed, backend=backend, model=model, window_mode=window_mode,
+                prompt=prompt,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=seed,
+                backend=backend,
+                model=model,
+                window_mode=window_mode,
                 unk_policy="replace" if replace else "error",
             )
             shown = clean_prompt(self.registry.vocab(request.model), request.prompt, request.unk_policy)
@@ -200,7 +230,17 @@ class DemoHandlers:
         )
 
     def ui_compare(
-        self, prompt, max_new_tokens, temperature, top_k, top_p, seed, backend, window_mode, replace, ticket=None,
+        self,
+        prompt,
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        backend,
+        window_mode,
+        replace,
+        ticket=None,
         page: gr.Request = None,
     ):
         """Compare the ladder: yields (one text per ladder stage..., status)."""
@@ -209,14 +249,23 @@ class DemoHandlers:
         skip_all = [gr.skip()] * len(self.ladder)
         try:
             base = self._parse(
-                prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                seed=seed, backend=backend, model=self.default_model, window_mode=window_mode,
+                prompt=prompt,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=seed,
+                backend=backend,
+                model=self.default_model,
+                window_mode=window_mode,
                 unk_policy="replace" if replace else "error",
             )
             streams = [
                 self.registry.unavailable_reason(name, base.backend)
                 or stream_progress(
-                    self.registry, dataclasses.replace(base, model=name), self.activity,
+                    self.registry,
+                    dataclasses.replace(base, model=name),
+                    self.activity,
                     should_stop=lambda: self.stops.is_stopped(ticket),
                 )
                 for name in self.ladder

@@ -23,19 +23,39 @@ def build_parser(prog: str = "python -m export") -> argparse.ArgumentParser:
             "Exits 1 when a check fails (nothing is written then)."
         ),
     )
-    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL,
-                        help=f"a save_pretrained model folder, or a shipped model name (default: {DEFAULT_MODEL})")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="the training corpus, whose validation split measures the int8 loss change "
-                             "(default: Tiny Shakespeare, downloaded once into the user cache)")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=DEFAULT_MODEL,
+        help=f"a save_pretrained model folder, or a shipped model name (default: {DEFAULT_MODEL})",
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="the training corpus, whose validation split measures the int8 loss change "
+        "(default: Tiny Shakespeare, downloaded once into the user cache)",
+    )
     parser.add_argument("--no-quantize", action="store_true", help="write only the fp32 graph")
     parser.add_argument("--decode-steps", type=int, default=4, help="cached decode steps compared after the prefill")
-    parser.add_argument("--atol", type=float, default=FP32_LOGITS_ATOL,
-                        help=f"largest fp32 |logits difference| from PyTorch (default {FP32_LOGITS_ATOL:g})")
-    parser.add_argument("--max-int8-loss-increase", type=float, default=INT8_MAX_VAL_LOSS_INCREASE,
-                        help=f"largest int8 validation-loss increase, nats/char (default {INT8_MAX_VAL_LOSS_INCREASE})")
-    parser.add_argument("--val-tokens", type=int, default=32768,
-                        help="about how many validation characters the int8 loss is measured on (default 32768)")
+    parser.add_argument(
+        "--atol",
+        type=float,
+        default=FP32_LOGITS_ATOL,
+        help=f"largest fp32 |logits difference| from PyTorch (default {FP32_LOGITS_ATOL:g})",
+    )
+    parser.add_argument(
+        "--max-int8-loss-increase",
+        type=float,
+        default=INT8_MAX_VAL_LOSS_INCREASE,
+        help=f"largest int8 validation-loss increase, nats/char (default {INT8_MAX_VAL_LOSS_INCREASE})",
+    )
+    parser.add_argument(
+        "--val-tokens",
+        type=int,
+        default=32768,
+        help="about how many validation characters the int8 loss is measured on (default 32768)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch and ONNX Runtime threads (default: theirs)")
     parser.add_argument("--no-model-card", action="store_true", help="leave MODEL_DIR/README.md alone")
     return parser
@@ -73,14 +93,22 @@ def main(argv: list[str] | None = None) -> int:
         try:
             text, source = _load_text(args.data)
         except (OSError, ValueError) as e:
-            print(f"error: no validation text for the int8 check ({e}); pass --data PATH or --no-quantize",
-                  file=sys.stderr)
+            print(
+                f"error: no validation text for the int8 check ({e}); pass --data PATH or --no-quantize",
+                file=sys.stderr,
+            )
             return 2
     try:
         report = export_model(
-            args.model, text=text, text_source=source, quantize=not args.no_quantize,
-            decode_steps=args.decode_steps, atol=args.atol, int8_max_loss_increase=args.max_int8_loss_increase,
-            val_tokens=args.val_tokens, threads=args.threads,
+            args.model,
+            text=text,
+            text_source=source,
+            quantize=not args.no_quantize,
+            decode_steps=args.decode_steps,
+            atol=args.atol,
+            int8_max_loss_increase=args.max_int8_loss_increase,
+            val_tokens=args.val_tokens,
+            threads=args.threads,
         )
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -84,8 +84,11 @@ def compare_with_torch(
         ort_out = dict(zip(expected_outputs, session.run(expected_outputs, feeds), strict=True))
         with torch.inference_mode():
             out = model(
-                input_ids=torch.from_numpy(new_ids), attention_mask=torch.from_numpy(mask),
-                position_ids=torch.from_numpy(positions), cache=torch_cache, use_cache=True,
+                input_ids=torch.from_numpy(new_ids),
+                attention_mask=torch.from_numpy(mask),
+                position_ids=torch.from_numpy(positions),
+                cache=torch_cache,
+                use_cache=True,
             )
         torch_out = {LOGITS_NAME: out.logits.float().numpy()}
         for i, layer in enumerate(out.cache.layers[:n_layer]):
@@ -129,8 +132,9 @@ def eval_windows(val_ids: np.ndarray, block_size: int, max_tokens: int) -> np.nd
     return np.stack([val_ids[s : s + block_size + 1] for s in starts]).astype(np.int64)
 
 
-def onnx_val_loss(session: ort.InferenceSession, windows: np.ndarray, n_layer: int, n_head: int, head_size: int,
-                  batch_size: int = 16) -> float:
+def onnx_val_loss(
+    session: ort.InferenceSession, windows: np.ndarray, n_layer: int, n_head: int, head_size: int, batch_size: int = 16
+) -> float:
     """Mean next-character cross-entropy of the ONNX graph over `windows` (N, T + 1): prefill from an empty past."""
     total, count = 0.0, 0
     for lo in range(0, len(windows), batch_size):
@@ -139,7 +143,8 @@ def onnx_val_loss(session: ort.InferenceSession, windows: np.ndarray, n_layer: i
         B, T = x.shape
         empty = np.zeros((B, n_head, 0, head_size), dtype=np.float32)
         feeds = {
-            "input_ids": x, "attention_mask": np.ones((B, T), dtype=np.int64),
+            "input_ids": x,
+            "attention_mask": np.ones((B, T), dtype=np.int64),
             "position_ids": np.broadcast_to(np.arange(T, dtype=np.int64), (B, T)).copy(),
         }
         feeds.update({name: empty for name in past_names(n_layer)})

@@ -54,9 +54,18 @@ def _generate(args: argparse.Namespace) -> int:
     backend, vocab = load_backend(args.model, args.backend, args.threads)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     stream = stream_text(
-        backend, vocab, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
-        window_mode=args.window_mode, refill_tokens=args.refill_tokens, unk_policy=args.unk_policy,
+        backend,
+        vocab,
+        prompt,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        window_mode=args.window_mode,
+        refill_tokens=args.refill_tokens,
+        unk_policy=args.unk_policy,
     )
     out = sys.stdout
     if not args.no_echo:
@@ -94,11 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--repetition-penalty", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--window-mode", choices=["exact", "refill"], default="exact",
-                   help="past block_size: exact lesson semantics, or faster cache refill")
+    g.add_argument(
+        "--window-mode",
+        choices=["exact", "refill"],
+        default="exact",
+        help="past block_size: exact lesson semantics, or faster cache refill",
+    )
     g.add_argument("--refill-tokens", type=int, default=None, help="tokens kept by --window-mode refill")
-    g.add_argument("--unk-policy", choices=["error", "drop", "replace"], default=None,
-                   help="characters outside the vocabulary (default: error)")
+    g.add_argument(
+        "--unk-policy",
+        choices=["error", "drop", "replace"],
+        default=None,
+        help="characters outside the vocabulary (default: error)",
+    )
     g.add_argument("--backend", choices=BACKENDS, default="torch")
     g.add_argument("--threads", type=int, default=None)
     g.add_argument("--no-echo", action="store_true", help="do not print the prompt before the continuation")

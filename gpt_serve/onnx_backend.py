@@ -42,7 +42,14 @@ LOGITS_NAME = "logits"
 ONNX_FORMAT = "chargpt-decoder-with-past"
 ONNX_FORMAT_VERSION = "1"
 REQUIRED_METADATA = (
-    "format", "format_version", "exporter_version", "block_size", "vocab_size", "vocab_sha256", "n_layer", "n_head",
+    "format",
+    "format_version",
+    "exporter_version",
+    "block_size",
+    "vocab_size",
+    "vocab_sha256",
+    "n_layer",
+    "n_head",
     "head_size",
 )
 # config.json entries that must agree with the ONNX metadata (a stale export of an older architecture).
@@ -316,8 +323,20 @@ def _as_int64(name: str, array: Any) -> np.ndarray:
 
 
 __all__ = [
-    "OnnxBackend", "OnnxCache", "onnx_path", "weights_sha256", "past_names", "present_names", "session_options",
+    "OnnxBackend",
+    "OnnxCache",
+    "onnx_path",
+    "weights_sha256",
+    "past_names",
+    "present_names",
+    "session_options",
     "load_session",
-    "ONNX_SUBDIR", "FP32_FILE_NAME", "INT8_FILE_NAME", "INPUT_NAMES", "LOGITS_NAME", "ONNX_FORMAT",
-    "ONNX_FORMAT_VERSION", "REQUIRED_METADATA",
+    "ONNX_SUBDIR",
+    "FP32_FILE_NAME",
+    "INT8_FILE_NAME",
+    "INPUT_NAMES",
+    "LOGITS_NAME",
+    "ONNX_FORMAT",
+    "ONNX_FORMAT_VERSION",
+    "REQUIRED_METADATA",
 ]

@@ -60,4 +60,4 @@ def full_recompute_generate(
         x = torch.tensor([ids[start:]], device=device)
         logits = model(input_ids=x, use_cache=False, logits_to_keep=1).logits[:, -1].float().cpu().numpy()
         ids.append(int(sample_next(logits, sampling, rng)[0]))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]

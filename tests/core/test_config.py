@@ -8,7 +8,10 @@ from gpt_serve import CharGPTConfig
 def test_attribute_map_gives_standard_names():
     cfg = CharGPTConfig(block_size=64, n_embd=48, n_head=3, n_layer=2)
     assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers, cfg.max_position_embeddings) == (
-        48, 3, 2, 64,
+        48,
+        3,
+        2,
+        64,
     )
     assert cfg.head_size == 16
 

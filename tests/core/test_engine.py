@@ -21,8 +21,15 @@ def tokens(backend, prompts, n, **kwargs):
 def test_engine_matches_full_recompute_across_block_size(tiny_model, window_mode, refill_tokens, sampling, seed):
     n = 60  # block_size is 16
     expected = full_recompute_generate(tiny_model, PROMPT, n, sampling, seed, window_mode, refill_tokens)
-    got = tokens(TorchBackend(tiny_model), [PROMPT], n, sampling=sampling, seed=seed, window_mode=window_mode,
-                 refill_tokens=refill_tokens)
+    got = tokens(
+        TorchBackend(tiny_model),
+        [PROMPT],
+        n,
+        sampling=sampling,
+        seed=seed,
+        window_mode=window_mode,
+        refill_tokens=refill_tokens,
+    )
     assert got[0].tolist() == expected
 
 
@@ -37,8 +44,10 @@ def test_refill_differs_from_exact_past_the_window(tiny_model):
 def test_hf_generate_and_engine_agree(tiny_model):
     for mode in ("exact", "refill"):
         hf = tiny_model.generate(torch.tensor([PROMPT]), max_new_tokens=40, do_sample=False, window_mode=mode)
-        assert hf[0, 5:].tolist() == tokens(TorchBackend(tiny_model), [PROMPT], 40, sampling=GREEDY,
-                                            window_mode=mode)[0].tolist()
+        assert (
+            hf[0, 5:].tolist()
+            == tokens(TorchBackend(tiny_model), [PROMPT], 40, sampling=GREEDY, window_mode=mode)[0].tolist()
+        )
 
 
 def test_left_padded_batch_equals_each_prompt_alone(tiny_model):
@@ -74,9 +83,9 @@ def test_stop_character_ends_the_text(tiny_model, tokenizer):
     backend = TorchBackend(tiny_model)
     free = generate_text(backend, tokenizer.vocab, "ROMEO:", 60, temperature=0)
     stop = free[10]
-    assert generate_text(backend, tokenizer.vocab, "ROMEO:", 60, temperature=0, stop=stop) == free[
-        : free.index(stop) + 1
-    ]
+    assert (
+        generate_text(backend, tokenizer.vocab, "ROMEO:", 60, temperature=0, stop=stop) == free[: free.index(stop) + 1]
+    )
 
 
 def test_closing_the_stream_stops_the_compute(tiny_model, tokenizer):

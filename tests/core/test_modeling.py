@@ -131,7 +131,7 @@ def test_pipeline_and_streamer(tiny_model_dir):
     streamer = TextIteratorStreamer(tok, skip_prompt=True)
     ids = tok("ROMEO:", return_tensors="pt").input_ids
     full = model.generate(ids, max_new_tokens=40, do_sample=False, streamer=streamer)
-    assert "".join(streamer) == tok.decode(full[0, ids.shape[1]:])
+    assert "".join(streamer) == tok.decode(full[0, ids.shape[1] :])
 
 
 def test_sampling_options_and_seed_reproducibility(tiny_model):

@@ -26,16 +26,6 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:The copy keyword is deprecated:DeprecationWarning")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread():
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="session")
 def models_root(tmp_path_factory, tiny_model_dir, corpus) -> Path:
     """tiny (block_size 16, with onnx/model.onnx and onnx/model_quantized.onnx), ladder-a and ladder-b (block 8)."""
@@ -90,8 +80,12 @@ def server(registry):
 
     activity = Activity()
     blocks = build_demo(
-        registry, default_model="tiny", limits=Limits(max_new_tokens=SERVER_MAX_NEW_TOKENS), stream_interval=0.05,
-        concurrency=16, activity=activity,
+        registry,
+        default_model="tiny",
+        limits=Limits(max_new_tokens=SERVER_MAX_NEW_TOKENS),
+        stream_interval=0.05,
+        concurrency=16,
+        activity=activity,
     )
     with serve(blocks) as url:
         yield SimpleNamespace(url=url, demo=blocks, activity=activity)

@@ -11,8 +11,17 @@ from demo.registry import DemoInputError, ModelRegistry, ModelUnavailable, parse
 
 @pytest.mark.parametrize(
     ("value", "key"),
-    [("torch", "torch"), ("PyTorch", "torch"), ("pytorch", "torch"), ("onnx", "onnx"), ("ONNX Runtime fp32", "onnx"),
-     ("onnx-fp32", "onnx"), ("onnx-int8", "onnx-int8"), (" ONNX Runtime int8 ", "onnx-int8"), ("int8", "onnx-int8")],
+    [
+        ("torch", "torch"),
+        ("PyTorch", "torch"),
+        ("pytorch", "torch"),
+        ("onnx", "onnx"),
+        ("ONNX Runtime fp32", "onnx"),
+        ("onnx-fp32", "onnx"),
+        ("onnx-int8", "onnx-int8"),
+        (" ONNX Runtime int8 ", "onnx-int8"),
+        ("int8", "onnx-int8"),
+    ],
 )
 def test_backend_names_keys_and_labels(value, key):
     assert resolve_backend(value) == key

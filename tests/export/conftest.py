@@ -8,16 +8,6 @@ from pathlib import Path
 import pytest
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_torch_thread():
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def copy_model_dir(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst

@@ -137,8 +137,17 @@ def test_cli_exports_prints_report_and_writes_model_card(tmp_path, tiny_model_di
 def test_cli_fails_above_the_int8_threshold_and_writes_nothing(tmp_path, tiny_model_dir, data_path, capsys):
     folder = copy_model_dir(tiny_model_dir, tmp_path / "m")
     # Any int8 change (even an improvement smaller than 1 nat) exceeds a limit of -1.
-    argv = [str(folder), "--data", str(data_path), "--threads", "1", "--val-tokens", "1024",
-            "--max-int8-loss-increase", "-1"]
+    argv = [
+        str(folder),
+        "--data",
+        str(data_path),
+        "--threads",
+        "1",
+        "--val-tokens",
+        "1024",
+        "--max-int8-loss-increase",
+        "-1",
+    ]
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "int8 raises the validation loss" in out

@@ -53,13 +53,17 @@ def test_onnx_runtime_path_never_imports_torch(exported_dir, tmp_path):
     script.write_text(SCRIPT, encoding="utf-8")
     proc = subprocess.run(
         [sys.executable, str(script), str(exported_dir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["loaded"] == []
     assert len(result["text"]) == 20
-    expected = np.stack(list(generate_tokens(TorchBackend(make_tiny_model()), [[1, 2, 3], [9]], 40,
-                                             SamplingParams(temperature=0))))
+    expected = np.stack(
+        list(generate_tokens(TorchBackend(make_tiny_model()), [[1, 2, 3], [9]], 40, SamplingParams(temperature=0)))
+    )
     np.testing.assert_array_equal(np.array(result["greedy"]), expected)

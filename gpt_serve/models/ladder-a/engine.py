@@ -12,7 +12,10 @@ position and the cache extended by the T new tokens. `TorchBackend` and `OnnxBac
 Past `block_size` the engine slides the window: when the text no longer fits, it restarts the cache from the last
 `keep` tokens at positions `0..keep-1`, with `keep = block_size` for `window_mode="exact"` (so every step past the
 window is a full-window forward: the lesson's `idx[:, -block_size:]`, exactly) and `keep = refill_tokens` for
-`"refill"` (the cache then grows again for `block_size - refill_tokens` cheap steps). `stream_text` puts text on top.
+`"refill"` (the cache then grows again for `block_size - refill_tokens` cheap steps). The window counts columns,
+padding included: in a left-padded batch, `"exact"` gives every row the tokens it would get alone, while `"refill"`
+restarts every row when the longest one fills the window (so a short row's tokens may differ from its solo run).
+`stream_text` puts text on top.
 """
 
 from __future__ import annotations

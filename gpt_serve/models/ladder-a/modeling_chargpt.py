@@ -123,7 +123,7 @@ def padding_bias(attention_mask: torch.Tensor, T: int, dtype) -> torch.Tensor:
     """
     S = attention_mask.shape[1]
     bias = causal_bias(T, S, attention_mask.device, dtype)  # (T, S)
-    pad = (attention_mask[:, None, None, :] == 0)  # (B, 1, 1, S)
+    pad = attention_mask[:, None, None, :] == 0  # (B, 1, 1, S)
     return bias.masked_fill(pad, torch.finfo(dtype).min)
 
 
