@@ -2,22 +2,57 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
+from torch import nn
 
 from .engine import window_keep
 from .modeling_chargpt import CharGPTForCausalLM
 from .sampling import SamplingParams, sample_next
 
 
+class DecodeLinear(nn.Module):
+    """An inference-only `nn.Linear` whose weight is stored transposed, (in, out) and contiguous.
+
+    Decoding multiplies one row by each weight matrix, which is bound by reading the weights from memory; on CPU
+    that row-times-(in, out) product streams the matrix about 1.8x faster than `nn.Linear`'s (out, in) layout
+    (measured for the lesson-size model's matrices, 2 threads). Same numbers up to float rounding.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # (B*T, in)
+        out = rows @ self.weight_t if self.bias is None else torch.addmm(self.bias, rows, self.weight_t)
+        return out.view(*x.shape[:-1], out.shape[-1])  # (B, T, out)
+
+
+def decode_copy(model: CharGPTForCausalLM) -> CharGPTForCausalLM:
+    """An eval-mode copy of `model` with every `nn.Linear` replaced by a `DecodeLinear`."""
+    fast = copy.deepcopy(model).eval()
+    for module in list(fast.modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, child_name, DecodeLinear(child))
+    return fast
+
+
 class TorchBackend:
     """Runs a `CharGPTForCausalLM` for the engine, with transformers' `DynamicCache` as the cache.
 
-    The model is put in eval mode; inputs go to the model's device and logits come back as float32 numpy.
+    On CPU the backend decodes with its own copy of the weights in a decode-friendly layout (`decode_copy`), so
+    later changes to `model` are not seen; `decode_layout=False` runs `model` itself (put in eval mode).
+    Inputs go to the model's device and logits come back as float32 numpy.
     """
 
-    def __init__(self, model: CharGPTForCausalLM):
-        self.model = model.eval()
+    def __init__(self, model: CharGPTForCausalLM, decode_layout: bool = True):
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        self.model = decode_copy(model) if decode_layout and on_cpu else model.eval()
         self.block_size = model.config.block_size
         self.vocab_size = model.config.vocab_size
         self.device = next(model.parameters()).device

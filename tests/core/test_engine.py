@@ -153,3 +153,16 @@ def test_sampler_temperature_zero_is_argmax_and_filters_apply():
     draws = [int(sample_next(logits, SamplingParams(1.0), rng)[0]) for _ in range(4000)]
     freq = np.bincount(draws, minlength=4) / 4000
     np.testing.assert_allclose(freq, np.exp(logits[0]) / np.exp(logits[0]).sum(), atol=0.03)
+
+
+def test_torch_backend_decodes_with_a_transposed_copy_of_the_weights(tiny_model):
+    from gpt_serve.torch_backend import DecodeLinear
+
+    backend = TorchBackend(tiny_model)
+    assert isinstance(backend.model.lm_head, DecodeLinear)
+    assert type(tiny_model.lm_head) is torch.nn.Linear  # the caller's model is left alone
+    ids = np.array([[18, 47, 56, 57, 58]])
+    mask, positions = np.ones_like(ids), np.arange(5)[None]
+    fast, _ = backend.forward(ids, mask, positions, None)
+    plain, _ = TorchBackend(tiny_model, decode_layout=False).forward(ids, mask, positions, None)
+    np.testing.assert_allclose(fast, plain, rtol=0, atol=1e-5)

@@ -289,7 +289,7 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
                 f"the model has {block_size} learned positions. generate() slides the window past block_size; "
                 f"a direct forward must be given at most {block_size} tokens."
             )
-        dtype = self.lm_head.weight.dtype
+        dtype = self.token_embedding_table.weight.dtype
         if torch.is_autocast_enabled(input_ids.device.type):
             dtype = torch.get_autocast_dtype(input_ids.device.type)
         attn_mask = padding_bias(attention_mask, T, dtype) if attention_mask is not None else None
