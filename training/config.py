@@ -8,6 +8,25 @@ from dataclasses import dataclass, field, fields
 
 from gpt_serve import CharGPTConfig
 
+# The model config entries a checkpoint must share with the run resuming it (the architecture).
+ARCH_KEYS = (
+    "vocab_size",
+    "block_size",
+    "n_embd",
+    "n_head",
+    "n_layer",
+    "dropout",
+    "attn_proj",
+    "ffwd_mult",
+    "ffwd_proj",
+    "residual",
+    "layer_norm",
+    "bias",
+    "init",
+    "initializer_range",
+    "layer_norm_eps",
+)
+
 SCHEDULES = ("constant", "cosine")
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from .config import ARCH_KEYS
+
 METRICS_NAME = "metrics.jsonl"
 
 
@@ -150,22 +152,7 @@ def write_model_card(trainer, result: dict) -> None:
     name = Path(cfg.out_dir).resolve().name
     sample = generate_sample(trainer.model, trainer.tokenizer, cfg.sample_tokens)
     val, train = result["val_loss"], result["train_loss"]
-    arch = {
-        k: getattr(mc, k)
-        for k in (
-            "block_size",
-            "n_embd",
-            "n_head",
-            "n_layer",
-            "dropout",
-            "attn_proj",
-            "ffwd_mult",
-            "ffwd_proj",
-            "residual",
-            "layer_norm",
-            "init",
-        )
-    }
+    arch = {k: getattr(mc, k) for k in ARCH_KEYS}
     train_opts = {
         k: getattr(cfg, k)
         for k in (

@@ -22,30 +22,12 @@ import torch.nn.functional as F
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
 
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
-from .config import MODEL_KEYS, SCHEDULES, TrainConfig, lr_factor  # noqa: F401  (re-exported)
+from .config import ARCH_KEYS, MODEL_KEYS, SCHEDULES, TrainConfig, lr_factor  # noqa: F401  (re-exported)
 from .data import CharDataset, load_text
 from .report import append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
 from .runtime import setup_runtime
 
 logger = logging.getLogger(__name__)
-# The model config entries a checkpoint must share with the run resuming it (the architecture).
-ARCH_KEYS = (
-    "vocab_size",
-    "block_size",
-    "n_embd",
-    "n_head",
-    "n_layer",
-    "dropout",
-    "attn_proj",
-    "ffwd_mult",
-    "ffwd_proj",
-    "residual",
-    "layer_norm",
-    "bias",
-    "init",
-    "initializer_range",
-    "layer_norm_eps",
-)
 
 
 class Trainer:
