@@ -1,7 +1,8 @@
 """The ONNX Runtime backend of the generation engine: torch-free inference from a model folder's ONNX export.
 
 This module imports only numpy, onnxruntime, the standard library and the torch-free parts of gpt_serve (vocab,
-engine, sampling, models), so `pip install gpt-serve[onnx]` (numpy + onnxruntime) is enough to generate text:
+engine, sampling, models), so numpy and onnxruntime are enough to generate text (`pip install numpy onnxruntime`,
+then `pip install --no-deps gpt-serve`):
 
     >>> from gpt_serve.engine import stream_text
     >>> from gpt_serve.onnx_backend import OnnxBackend
