@@ -51,11 +51,10 @@ class TorchBackend:
     """
 
     def __init__(self, model: CharGPTForCausalLM, decode_layout: bool = True):
-        on_cpu = next(model.parameters()).device.type == "cpu"
-        self.model = decode_copy(model) if decode_layout and on_cpu else model.eval()
+        self.device = next(model.parameters()).device
+        self.model = decode_copy(model) if decode_layout and self.device.type == "cpu" else model.eval()
         self.block_size = model.config.block_size
         self.vocab_size = model.config.vocab_size
-        self.device = next(model.parameters()).device
 
     @torch.inference_mode()
     def forward(self, input_ids, attention_mask, position_ids, cache):
