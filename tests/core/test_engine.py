@@ -155,14 +155,41 @@ def test_sampler_temperature_zero_is_argmax_and_filters_apply():
     np.testing.assert_allclose(freq, np.exp(logits[0]) / np.exp(logits[0]).sum(), atol=0.03)
 
 
-def test_torch_backend_decodes_with_a_transposed_copy_of_the_weights(tiny_model):
+def test_decode_linear_matches_linear_and_shares_its_weight():
+    from gpt_serve.torch_backend import DecodeLinear
+
+    torch.manual_seed(0)
+    for bias in (True, False):
+        linear = torch.nn.Linear(16, 24, bias=bias)
+        fast = DecodeLinear(linear)
+        assert fast.weight is linear.weight and fast.chunks == 4
+        for rows in (1, 3, 8, 20):  # the batched path for few rows, F.linear past max_rows
+            x = torch.randn(rows, 1, 16)
+            torch.testing.assert_close(fast(x), linear(x), rtol=0, atol=1e-5)
+    assert DecodeLinear(torch.nn.Linear(16, 65)).chunks == 1  # 65 rows do not split into 4 blocks
+
+
+def test_torch_backend_decodes_through_a_copy_that_shares_the_weights(tiny_model):
     from gpt_serve.torch_backend import DecodeLinear
 
     backend = TorchBackend(tiny_model)
     assert isinstance(backend.model.lm_head, DecodeLinear)
     assert type(tiny_model.lm_head) is torch.nn.Linear  # the caller's model is left alone
+    assert backend.model.lm_head.weight is tiny_model.lm_head.weight  # ... and its weights are not copied
     ids = np.array([[18, 47, 56, 57, 58]])
     mask, positions = np.ones_like(ids), np.arange(5)[None]
     fast, _ = backend.forward(ids, mask, positions, None)
     plain, _ = TorchBackend(tiny_model, decode_layout=False).forward(ids, mask, positions, None)
     np.testing.assert_allclose(fast, plain, rtol=0, atol=1e-5)
+
+
+def test_torch_backend_cache_errors(tiny_model):
+    backend = TorchBackend(tiny_model)
+    ids = np.array([[18, 47, 56]])
+    mask, positions = np.ones_like(ids), np.arange(3)[None]
+    _, cache = backend.forward(ids, mask, positions, None)
+    with pytest.raises(ValueError, match="the cache holds a batch of 1 rows, input_ids has 2"):
+        backend.forward(np.ones((2, 1), dtype=np.int64), np.ones((2, 4), dtype=np.int64), np.full((2, 1), 3), cache)
+    ids, mask = np.ones((1, 14), dtype=np.int64), np.ones((1, 17), dtype=np.int64)
+    with pytest.raises(ValueError, match="the KVBuffer holds 16 positions, 17 were given"):
+        backend.forward(ids, mask, np.arange(14)[None], cache)

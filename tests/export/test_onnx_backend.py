@@ -221,7 +221,7 @@ def test_wrong_typed_inputs(onnx_backend, torch_backend):
     with pytest.raises(TypeError, match="cache must be None or the OnnxCache"):
         f(ids, mask, positions, ("not", "a", "cache"))
     _, torch_cache = torch_backend.forward(ids, mask, positions, None)
-    with pytest.raises(TypeError, match="DynamicCache"):
+    with pytest.raises(TypeError, match="KVBuffer"):
         f(ids[:, :1], np.ones((1, 4), dtype=np.int64), positions[:, :1], torch_cache)
     logits, cache = f(ids.astype(np.int32), mask, positions, None)  # any integer dtype is accepted
     with pytest.raises(ValueError, match="batch of 1 rows"):
