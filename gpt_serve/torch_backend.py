@@ -57,7 +57,7 @@ def decode_copy(model: CharGPTForCausalLM) -> CharGPTForCausalLM:
         for child_name, child in list(module.named_children()):
             if type(child) is nn.Linear:
                 setattr(module, child_name, DecodeLinear(child))
-            elif type(child) is nn.Dropout:  # a no-op in eval mode, but still a call
+            elif isinstance(child, nn.Dropout):  # a no-op in eval mode, but still a call
                 setattr(module, child_name, nn.Identity())
     return fast
 

@@ -13,6 +13,8 @@ left-padded batches (`attention_mask`, `position_ids`), `generate()` that keeps 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,8 +42,8 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # key, query, value of every head
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias) if config.attn_proj else nn.Identity()
-        self.attn_dropout = nn.Dropout(config.dropout)
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.attn_dropout = Dropout(config.dropout)
+        self.resid_dropout = Dropout(config.dropout)
 
     def forward(self, x, attn_mask=None, cache=None, output_attentions=False):
         B, T, C = x.shape
@@ -55,7 +57,11 @@ class CausalSelfAttention(nn.Module):
         is_causal = attn_mask is None and T > 1 and S == T
         if attn_mask is None and T > 1 and S != T:
             attn_mask = causal_bias(T, S, x.device, q.dtype)
-        if output_attentions:
+        if not output_attentions and fast_dropout_applies(x, self.dropout, self.training):
+            wei = None
+            # The lesson's explicit attention with dropout, by hand for CPU training (see `attention_with_dropout`)
+            y = attention_with_dropout(q, k, v, attn_mask, is_causal, self.dropout)
+        elif output_attentions:
             wei = (q @ k.transpose(-2, -1)) * self.head_size**-0.5  # (B, H, T, S)
             if attn_mask is not None:
                 wei = wei + attn_mask
@@ -81,7 +87,7 @@ class FeedForward(nn.Module):
         layers = [nn.Linear(config.n_embd, hidden, bias=config.bias), nn.ReLU()]
         if config.ffwd_proj:
             layers.append(nn.Linear(hidden, config.n_embd, bias=config.bias))
-        layers.append(nn.Dropout(config.dropout))
+        layers.append(Dropout(config.dropout))
         self.net = nn.Sequential(*layers)
 
     def forward(self, x):
@@ -160,7 +166,7 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.token_embedding_table = nn.Embedding(config.vocab_size, config.n_embd)
         self.position_embedding_table = nn.Embedding(config.block_size, config.n_embd)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps) if config.layer_norm else nn.Identity()
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.bias)
@@ -338,6 +344,127 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
             if key not in ("next_sequence_length", "is_first_iteration", "labels") and key not in model_inputs:
                 model_inputs[key] = value
         return model_inputs
+
+
+# -- CPU training kernels ----------------------------------------------------------------------------------------
+# On CPU, PyTorch's dropout spends most of its time drawing random numbers, and SDPA cannot fuse dropout on the
+# attention weights, so its fallback materializes the whole (B, H, T, S) matrix several times. What follows does
+# the same math with a cheaper mask and in cache-sized pieces; `benchmarks/training.py` measures the difference.
+# On CUDA and under torch.compile the model uses PyTorch's own kernels.
+
+
+def dropout_mask(shape: tuple[int, ...], p: float, device) -> tuple[torch.Tensor, float]:
+    """(mask of the elements dropout zeroes, scale of the kept ones) for dropout with probability `p`.
+
+    Draws 16 random bits per element, four to each 64-bit word of the default generator, so the mask costs a
+    fraction of `bernoulli_`'s draws (on CPU `F.dropout` spends most of its time drawing). `p` is rounded to a
+    multiple of 2**-16 (at most 7.6e-6 off) and the scale is exact for the rounded value, so the expectation is
+    kept, as in `nn.Dropout`.
+    """
+    n = math.prod(shape)
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
+    bits = words.view(torch.int16)[:n].view(shape)  # uniform on [-2**15, 2**15)
+    threshold = round(p * 65536)
+    return bits < threshold - 32768, 65536 / (65536 - threshold)
+
+
+def fast_dropout_applies(x: torch.Tensor, p: float, training: bool) -> bool:
+    """Whether `dropout_mask` replaces PyTorch's dropout: training on CPU, eager. On CUDA (and under
+    torch.compile) PyTorch's fused kernels are the fast path already."""
+    return training and p > 0 and x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+class Dropout(nn.Dropout):
+    """`nn.Dropout` with a cheaper random mask on CPU (see `dropout_mask`); the same module elsewhere."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not fast_dropout_applies(x, self.p, self.training):
+            return super().forward(x)
+        drop, scale = dropout_mask(x.shape, self.p, x.device)
+        return x.masked_fill(drop, 0.0).mul_(scale)
+
+
+def attention_with_dropout(q, k, v, attn_mask, is_causal: bool, p: float) -> torch.Tensor:
+    """`softmax(q k^T / sqrt(hs) + mask)`, dropout with probability `p`, times `v`: (B, H, T, hs) in and out.
+
+    `attn_mask` is None, an additive (T, S) or (B, 1, T, S) mask; `is_causal` (with T == S) means the causal mask.
+    """
+    B, H, T, hs = q.shape
+    S = k.shape[2]
+    if is_causal:
+        bias = causal_bias(T, S, q.device, q.dtype)
+    elif attn_mask is not None:
+        bias = attn_mask.expand(B, H, T, S).reshape(B * H, T, S) if attn_mask.dim() == 4 else attn_mask
+    else:
+        bias = None
+    flat = [t.reshape(B * H, t.shape[2], hs) for t in (q, k, v)]
+    y = _AttentionWithDropout.apply(*flat, bias, is_causal, p)
+    return y.view(B, H, T, hs)
+
+
+class _AttentionWithDropout(torch.autograd.Function):
+    """Attention with dropout on its weights, forward and backward written out, over blocks of (query rows x
+    keys) that fit in the CPU cache.
+
+    A block is `rows` matrices of the batch (`CHUNK_ELEMENTS` scores at most) times a range of queries; with the
+    causal mask, queries `[j0, j1)` only see keys `[0, j1)`, so the blocks skip most of the masked upper triangle.
+    Results and gradients are written into their place in preallocated tensors, and the backward pass reuses each
+    block's softmax output and dropout mask from the forward.
+    """
+
+    CHUNK_ELEMENTS = 786_432  # ~3 MB of float32 scores per block
+    QUERY_BLOCKS = 2  # with the causal mask
+
+    @staticmethod
+    def blocks(N: int, T: int, S: int, causal: bool):
+        rows = max(1, _AttentionWithDropout.CHUNK_ELEMENTS // (T * S))
+        step = -(-T // _AttentionWithDropout.QUERY_BLOCKS) if causal else T
+        for n0 in range(0, N, rows):
+            for j0 in range(0, T, step):
+                j1 = min(T, j0 + step)
+                yield slice(n0, n0 + rows), slice(j0, j1), slice(0, j1 if causal else S)
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, causal, p):
+        N, T, hs = q.shape
+        S = k.shape[1]
+        scale = hs**-0.5
+        y = torch.empty_like(q)
+        saved = []
+        for n, j, s in _AttentionWithDropout.blocks(N, T, S, causal):
+            keys_t = k[n, s].transpose(1, 2)
+            if bias is None:
+                scores = torch.bmm(q[n, j], keys_t).mul_(scale)  # (rows, queries, keys)
+            else:
+                block_bias = bias[n, j, s] if bias.dim() == 3 else bias[j, s].expand(q[n].shape[0], -1, -1)
+                scores = torch.baddbmm(block_bias, q[n, j], keys_t, alpha=scale)
+            weights = torch.softmax(scores, dim=-1)
+            drop, keep_scale = dropout_mask(weights.shape, p, weights.device)
+            y[n, j] = torch.bmm(weights.masked_fill(drop, 0.0), v[n, s]).mul_(keep_scale)
+            saved += [weights, drop]
+        ctx.save_for_backward(q, k, v, *saved)
+        ctx.causal, ctx.scale, ctx.keep_scale = causal, scale, keep_scale
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, k, v, *saved = ctx.saved_tensors
+        N, T, hs = q.shape
+        S = k.shape[1]
+        dy = dy.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        keep_scale = ctx.keep_scale
+        for b, (n, j, s) in enumerate(_AttentionWithDropout.blocks(N, T, S, ctx.causal)):
+            weights, drop = saved[2 * b], saved[2 * b + 1]
+            # Products land in fresh tensors and are then added into place: an in-place product into a strided
+            # view (baddbmm_) runs matrix by matrix on CPU.
+            dv[n, s] += torch.bmm(weights.masked_fill(drop, 0.0).transpose(1, 2), dy[n, j]).mul_(keep_scale)
+            dweights = torch.bmm(dy[n, j], v[n, s].transpose(1, 2)).masked_fill_(drop, 0.0)
+            dscores = torch._softmax_backward_data(dweights, weights, -1, weights.dtype)
+            dscores.mul_(ctx.scale * keep_scale)
+            dq[n, j] = torch.bmm(dscores, k[n, s])
+            dk[n, s] += torch.bmm(dscores.transpose(1, 2), q[n, j])
+        return dq, dk, dv, None, None, None
 
 
 __all__ = ["CharGPTForCausalLM", "CharGPTPreTrainedModel"]
