@@ -21,7 +21,9 @@ import logging
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
@@ -151,6 +153,85 @@ def export_fp32(model: CharGPTForCausalLM, path: Path, opset: int = OPSET) -> No
             opset_version=opset,
             do_constant_folding=True,
         )
+    proto = onnx.load(str(path))
+    static_reshapes(proto)
+    onnx.save(proto, str(path))
+
+
+def static_reshapes(proto: onnx.ModelProto) -> int:
+    """Rewrites the per-layer head split/merge Reshapes to constant target shapes; returns how many.
+
+    The tracer writes `x.view(B, T, n_head, head_size)` as a Reshape whose target is computed at run time from
+    the input's shape (Shape, Gather, Unsqueeze, Concat: about nine scalar nodes per layer, which ONNX Runtime
+    cannot fold because batch and sequence are dynamic). In those targets, batch and sequence come from a tensor
+    with the same leading dims as the Reshape's input, and the other dims are static: ONNX's `0` ("copy this
+    input dim") says the same without computing anything, `[0, 0, n_head, head_size]` and `[0, 0, n_embd]`. The
+    then-unused shape nodes are removed. `export.validate` checks the result against PyTorch.
+    Decode of the 10.8M lesson model: see `benchmarks/onnx_generation.py`.
+    """
+    graph = proto.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    constants = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            constants[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t)
+
+    inferred = onnx.shape_inference.infer_shapes(proto).graph
+    static_dims = {}  # tensor name -> its dims, an int where shape inference knows it
+    for info in (*inferred.value_info, *inferred.input, *inferred.output):
+        dims = info.type.tensor_type.shape.dim
+        static_dims[info.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+
+    def shape_dim(name: str) -> tuple[str, int] | None:
+        """For `name` = Unsqueeze(Gather(Shape(x), i)): ("value", n) when dim i of x is statically n, else
+        ("dim", i); None for anything else."""
+        unsqueeze = producer.get(name)
+        if unsqueeze is None or unsqueeze.op_type != "Unsqueeze":
+            return None
+        gather = producer.get(unsqueeze.input[0])
+        if gather is None or gather.op_type != "Gather" or gather.input[1] not in constants:
+            return None
+        shape, index = producer.get(gather.input[0]), constants[gather.input[1]]
+        if shape is None or shape.op_type != "Shape" or index.size != 1:
+            return None
+        i = int(index)
+        dims = static_dims.get(shape.input[0], [])
+        return ("value", dims[i]) if i < len(dims) and dims[i] else ("dim", i)
+
+    rewritten = 0
+    for node in graph.node:
+        concat = producer.get(node.input[1]) if node.op_type == "Reshape" else None
+        if concat is None or concat.op_type != "Concat":
+            continue
+        target = []
+        for position, part in enumerate(concat.input):
+            dim = shape_dim(part)
+            if part in constants and constants[part].size == 1:
+                target.append(int(constants[part].reshape(())))
+            elif dim is not None and dim[0] == "value":
+                target.append(dim[1])
+            elif dim == ("dim", position) and position < 2:
+                target.append(0)  # batch or sequence: copy the input's own dim
+            else:
+                break
+        else:
+            name = f"{node.name}/static_shape"
+            graph.initializer.append(onnx.numpy_helper.from_array(np.array(target, dtype=np.int64), name))
+            node.input[1] = name
+            rewritten += 1
+    _drop_dead_nodes(graph)
+    return rewritten
+
+
+def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    needed = {out.name for out in graph.output}
+    keep = []
+    for node in reversed(graph.node):
+        if any(out in needed for out in node.output):
+            keep.append(node)
+            needed.update(node.input)
+    del graph.node[:]
+    graph.node.extend(reversed(keep))
 
 
 def quantize_int8(src: Path, dst: Path) -> None:

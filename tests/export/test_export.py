@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 import pytest
 
 from export.cli import main
@@ -79,6 +80,16 @@ def test_lean_attention_is_used_and_then_unregistered(exported_dir, tmp_path):
     path = str(tmp_path / "causal.onnx")
     torch.onnx.export(Causal(), (torch.randn(1, 2, 3, 4),), path, dynamo=False, opset_version=17)
     assert "Sqrt" in {node.op_type for node in onnx.load(path).graph.node}
+
+
+def test_head_reshapes_have_static_targets(exported_dir):
+    graph = onnx.load(str(onnx_path(exported_dir))).graph
+    initializers = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
+    reshapes = [node for node in graph.node if node.op_type == "Reshape"]
+    assert len(reshapes) == 4 * 2  # q, k, v split and the merge, per layer (the tiny model has 2)
+    targets = sorted({tuple(initializers[node.input[1]].tolist()) for node in reshapes})
+    assert targets == [(0, 0, 4, 8), (0, 0, 32)]  # n_head, head_size; n_embd
+    assert sum(node.op_type == "Shape" for node in graph.node) <= 2  # only the mask's, once per graph
 
 
 def test_validation_catches_a_graph_that_differs_from_the_model(exported_dir):
