@@ -21,6 +21,9 @@ def test_dropout_mask_rate_and_scale():
     assert scale == pytest.approx(1 / 0.8, rel=1e-4)
     drop, scale = dropout_mask((7, 3), 1e-7, "cpu")  # rounds to 0: nothing is dropped
     assert not drop.any() and scale == 1.0
+    with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\), got 1.0"):
+        dropout_mask((2,), 1.0, "cpu")
+    assert torch.equal(Dropout(1.0).train()(torch.ones(3)), torch.zeros(3))  # nn.Dropout's own p=1 path
 
 
 def test_dropout_module_keeps_the_expectation_and_is_off_in_eval():

@@ -361,6 +361,8 @@ def dropout_mask(shape: tuple[int, ...], p: float, device) -> tuple[torch.Tensor
     multiple of 2**-16 (at most 7.6e-6 off) and the scale is exact for the rounded value, so the expectation is
     kept, as in `nn.Dropout`.
     """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p!r}")
     n = math.prod(shape)
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
     bits = words.view(torch.int16)[:n].view(shape)  # uniform on [-2**15, 2**15)
@@ -371,7 +373,7 @@ def dropout_mask(shape: tuple[int, ...], p: float, device) -> tuple[torch.Tensor
 def fast_dropout_applies(x: torch.Tensor, p: float, training: bool) -> bool:
     """Whether `dropout_mask` replaces PyTorch's dropout: training on CPU, eager. On CUDA (and under
     torch.compile) PyTorch's fused kernels are the fast path already."""
-    return training and p > 0 and x.device.type == "cpu" and not torch.compiler.is_compiling()
+    return training and 0.0 < p < 1.0 and x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 class Dropout(nn.Dropout):
@@ -381,7 +383,8 @@ class Dropout(nn.Dropout):
         if not fast_dropout_applies(x, self.p, self.training):
             return super().forward(x)
         drop, scale = dropout_mask(x.shape, self.p, x.device)
-        return x.masked_fill(drop, 0.0).mul_(scale)
+        # One float mask, used by the forward product and again by its backward (one pass each way)
+        return x * torch.where(drop, 0.0, scale).to(x.dtype)
 
 
 def attention_with_dropout(q, k, v, attn_mask, is_causal: bool, p: float) -> torch.Tensor:
@@ -394,6 +397,7 @@ def attention_with_dropout(q, k, v, attn_mask, is_causal: bool, p: float) -> tor
     if is_causal:
         bias = causal_bias(T, S, q.device, q.dtype)
     elif attn_mask is not None:
+        # (B, 1, T, S) padding masks are rare in training; materialized per head to index blocks simply
         bias = attn_mask.expand(B, H, T, S).reshape(B * H, T, S) if attn_mask.dim() == 4 else attn_mask
     else:
         bias = None
@@ -409,7 +413,7 @@ class _AttentionWithDropout(torch.autograd.Function):
     A block is `rows` matrices of the batch (`CHUNK_ELEMENTS` scores at most) times a range of queries; with the
     causal mask, queries `[j0, j1)` only see keys `[0, j1)`, so the blocks skip most of the masked upper triangle.
     Results and gradients are written into their place in preallocated tensors, and the backward pass reuses each
-    block's softmax output and dropout mask from the forward.
+    block's softmax output, dropped-out weights and mask from the forward.
     """
 
     CHUNK_ELEMENTS = 786_432  # ~3 MB of float32 scores per block
@@ -440,8 +444,9 @@ class _AttentionWithDropout(torch.autograd.Function):
                 scores = torch.baddbmm(block_bias, q[n, j], keys_t, alpha=scale)
             weights = torch.softmax(scores, dim=-1)
             drop, keep_scale = dropout_mask(weights.shape, p, weights.device)
-            y[n, j] = torch.bmm(weights.masked_fill(drop, 0.0), v[n, s]).mul_(keep_scale)
-            saved += [weights, drop]
+            kept = weights.masked_fill(drop, 0.0)
+            y[n, j] = torch.bmm(kept, v[n, s]).mul_(keep_scale)
+            saved += [weights, kept, drop]
         ctx.save_for_backward(q, k, v, *saved)
         ctx.causal, ctx.scale, ctx.keep_scale = causal, scale, keep_scale
         return y
@@ -455,10 +460,10 @@ class _AttentionWithDropout(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         keep_scale = ctx.keep_scale
         for b, (n, j, s) in enumerate(_AttentionWithDropout.blocks(N, T, S, ctx.causal)):
-            weights, drop = saved[2 * b], saved[2 * b + 1]
+            weights, kept, drop = saved[3 * b : 3 * b + 3]
             # Products land in fresh tensors and are then added into place: an in-place product into a strided
             # view (baddbmm_) runs matrix by matrix on CPU.
-            dv[n, s] += torch.bmm(weights.masked_fill(drop, 0.0).transpose(1, 2), dy[n, j]).mul_(keep_scale)
+            dv[n, s] += torch.bmm(kept.transpose(1, 2), dy[n, j]).mul_(keep_scale)
             dweights = torch.bmm(dy[n, j], v[n, s].transpose(1, 2)).masked_fill_(drop, 0.0)
             dscores = torch._softmax_backward_data(dweights, weights, -1, weights.dtype)
             dscores.mul_(ctx.scale * keep_scale)
