@@ -20,8 +20,9 @@ class DecodeLinear(nn.Module):
     Decoding multiplies one row by each weight matrix, which is bound by reading the weights from memory. On CPU,
     `F.linear` runs that product as a single-threaded matrix-vector product; splitting the (out, in) weight into
     `chunks` blocks of rows and multiplying them as one batched product (`torch.bmm`, vector broadcast over the
-    batch) streams the weights on every thread. Measured on the lesson-size model's matrices (2 threads, weights
-    not in cache): 3.3 ms -> 1.2 ms per token for all of them. Same numbers up to float rounding. Prefill and
+    batch) streams the weights on every thread. Measured on the lesson-size model's matrices (torch 2.13's MKL
+    build, an AMD EPYC, 2 threads, weights not in cache): 3.7 ms -> 1.2 ms per token for all of them;
+    `benchmarks/decode_floor.py` measures it on your machine. Same numbers up to float rounding. Prefill and
     larger batches (more than `max_rows` rows) take `F.linear`, which is faster there.
     """
 
@@ -31,7 +32,9 @@ class DecodeLinear(nn.Module):
         super().__init__()
         self.weight, self.bias = linear.weight, linear.bias  # shared, not copied
         self.out_features, self.in_features = linear.weight.shape
-        self.chunks = chunks if self.out_features % chunks == 0 else 1
+        # The blocks are a view of the weight: that needs a contiguous weight whose rows split evenly.
+        splits = self.out_features % chunks == 0 and linear.weight.is_contiguous()
+        self.chunks = chunks if splits else 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # (N, in)
