@@ -465,6 +465,7 @@ class _AttentionWithDropout(torch.autograd.Function):
             # view (baddbmm_) runs matrix by matrix on CPU.
             dv[n, s] += torch.bmm(kept.transpose(1, 2), dy[n, j]).mul_(keep_scale)
             dweights = torch.bmm(dy[n, j], v[n, s].transpose(1, 2)).masked_fill_(drop, 0.0)
+            # softmax's own backward kernel (the aten op autograd calls for F.softmax): one pass
             dscores = torch._softmax_backward_data(dweights, weights, -1, weights.dtype)
             dscores.mul_(ctx.scale * keep_scale)
             dq[n, j] = torch.bmm(dscores, k[n, s])
