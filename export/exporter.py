@@ -144,8 +144,7 @@ def _versions() -> dict[str, str]:
 def _write_graphs(model, vocab, source_sha256, work: Path, quantize: bool, opset: int, report) -> dict[str, Path]:
     graphs = {"fp32": work / FP32_FILE_NAME}
     start = time.perf_counter()
-    export_fp32(model, graphs["fp32"], opset)
-    write_metadata(graphs["fp32"], metadata(model, vocab, "fp32", source_sha256, opset))
+    export_fp32(model, graphs["fp32"], metadata(model, vocab, "fp32", source_sha256, opset), opset)
     report.seconds["export"] = time.perf_counter() - start
     report.files[f"{ONNX_SUBDIR}/{FP32_FILE_NAME}"] = graphs["fp32"].stat().st_size
     logger.info("exported %s in %.1f s", graphs["fp32"], report.seconds["export"])

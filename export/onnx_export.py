@@ -17,6 +17,7 @@ and keep the validation as it is.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import warnings
 from pathlib import Path
@@ -132,20 +133,22 @@ def lean_attention(head_size: int, opset: int = OPSET):
         unregister_custom_op_symbolic("aten::scaled_dot_product_attention", opset)
 
 
-def export_fp32(model: CharGPTForCausalLM, path: Path, opset: int = OPSET) -> None:
-    """Traces `model` (fp32, eval mode) into the KV-cache decoder graph at `path`."""
+def export_fp32(model: CharGPTForCausalLM, path: Path, values: dict[str, str], opset: int = OPSET) -> None:
+    """Traces `model` (fp32, eval mode) into the KV-cache decoder graph, makes its head reshapes static
+    (`static_reshapes`) and writes it to `path` with the metadata `values`, in one write."""
     model = model.float().eval()
     n_layer = model.config.n_layer
     with warnings.catch_warnings(), lean_attention(model.config.head_size, opset):
         # Expected: the exporter's deprecation notice, and tracer warnings about the model's input checks
         # (`if bool(...)`) being frozen. The frozen branches are the general ones (see the module docstring).
         warnings.simplefilter("ignore")
+        traced = io.BytesIO()
         torch.onnx.export(
             # .eval(): the exporter restores the wrapper's mode afterwards, and a fresh Module is in training mode,
             # which would switch the model's dropout back on for everything after the export (the parity check)
             DecoderWithPast(model).eval(),
             example_inputs(model),
-            str(path),
+            traced,
             dynamo=False,
             input_names=[*INPUT_NAMES, *past_names(n_layer)],
             output_names=[LOGITS_NAME, *present_names(n_layer)],
@@ -153,8 +156,9 @@ def export_fp32(model: CharGPTForCausalLM, path: Path, opset: int = OPSET) -> No
             opset_version=opset,
             do_constant_folding=True,
         )
-    proto = onnx.load(str(path))
+    proto = onnx.load_from_string(traced.getvalue())
     static_reshapes(proto)
+    set_metadata(proto, values)
     onnx.save(proto, str(path))
 
 
@@ -167,7 +171,6 @@ def static_reshapes(proto: onnx.ModelProto) -> int:
     with the same leading dims as the Reshape's input, and the other dims are static: ONNX's `0` ("copy this
     input dim") says the same without computing anything, `[0, 0, n_head, head_size]` and `[0, 0, n_embd]`. The
     then-unused shape nodes are removed. `export.validate` checks the result against PyTorch.
-    Decode of the 10.8M lesson model: see `benchmarks/onnx_generation.py`.
     """
     graph = proto.graph
     producer = {out: node for node in graph.node for out in node.output}
@@ -286,11 +289,16 @@ def metadata(
     }
 
 
-def write_metadata(path: Path, values: dict[str, str]) -> None:
-    """Replaces the `metadata_props` of the ONNX file at `path` with `values`."""
-    proto = onnx.load(str(path))
+def set_metadata(proto: onnx.ModelProto, values: dict[str, str]) -> None:
+    """Replaces the `metadata_props` of `proto` with `values` and names gpt_serve as its producer."""
     del proto.metadata_props[:]
     for key, value in values.items():
         proto.metadata_props.add(key=key, value=value)
     proto.producer_name, proto.producer_version = "gpt_serve.export", __version__
+
+
+def write_metadata(path: Path, values: dict[str, str]) -> None:
+    """Replaces the `metadata_props` of the ONNX file at `path` with `values`."""
+    proto = onnx.load(str(path))
+    set_metadata(proto, values)
     onnx.save(proto, str(path))
