@@ -40,19 +40,13 @@ def reference(q, k, v, bias, causal, p):
     B, H, T, hs = q.shape
     S = k.shape[2]
     qf, kf, vf = (t.reshape(B * H, t.shape[2], hs) for t in (q, k, v))
-    rows = []
+    out = q.new_zeros(B * H, T, hs)
     for n, j, s in _AttentionWithDropout.blocks(B * H, T, S, causal):
         scores = qf[n, j] @ kf[n, s].transpose(1, 2) * hs**-0.5
         if bias is not None:
             scores = scores + (bias[n, j, s] if bias.dim() == 3 else bias[j, s])
         drop, scale = dropout_mask(scores.shape, p, scores.device)
-        rows.append((n, j, F.softmax(scores, -1).masked_fill(drop, 0.0) * scale @ vf[n, s]))
-    out = torch.zeros(B * H, T, hs, dtype=q.dtype)
-    for n, j, block in rows:
-        out = out.index_put(
-            (torch.arange(B * H)[n, None, None], torch.arange(T)[j][None, :, None], torch.arange(hs)[None, None, :]),
-            block,
-        )
+        out[n, j] = F.softmax(scores, -1).masked_fill(drop, 0.0) * scale @ vf[n, s]
     return out.view(B, H, T, hs)
 
 
