@@ -167,6 +167,12 @@ def test_decode_linear_matches_linear_and_shares_its_weight():
             x = torch.randn(rows, 1, 16)
             torch.testing.assert_close(fast(x), linear(x), rtol=0, atol=1e-5)
     assert DecodeLinear(torch.nn.Linear(16, 65)).chunks == 1  # 65 rows do not split into 4 blocks
+    strided = torch.nn.Linear(16, 24)
+    strided.weight = torch.nn.Parameter(torch.randn(16, 24).t())  # (24, 16), not contiguous: no view into blocks
+    fast = DecodeLinear(strided)
+    assert fast.chunks == 1
+    x = torch.randn(1, 1, 16)
+    torch.testing.assert_close(fast(x), strided(x), rtol=0, atol=1e-5)
 
 
 def test_torch_backend_decodes_through_a_copy_that_shares_the_weights(tiny_model):
