@@ -1,7 +1,7 @@
-"""The weight-streaming floor of a cached decode step: the weight matrix products alone, batch 1.
+"""The floor of a cached decode step, batch 1: its weight matrix products alone, then with its KV-cache copy.
 
     python benchmarks/decode_floor.py                  # lesson-size shapes, 2 threads
-    python benchmarks/decode_floor.py --threads 1 --n-embd 192 --n-layer 4
+    python benchmarks/decode_floor.py --threads 1 --n-embd 192 --n-layer 4 --n-head 6 --past 80
 
 A cached decode step multiplies one row by every weight matrix of the model (per layer: qkv, the attention
 projection, the two feed-forward matrices), so its speed is bounded by how fast those matrices stream from memory.
@@ -9,10 +9,14 @@ This script times exactly those products, with random weights that do not fit in
 
 - PyTorch `F.linear` (the (out, in) layout of `nn.Linear`);
 - PyTorch `DecodeLinear` (`gpt_serve.torch_backend`), the batched-product path the PyTorch engine decodes with;
-- ONNX Runtime: a graph of nothing but the same MatMuls (no attention, no KV cache, no other nodes), fp32.
+- ONNX Runtime: a graph of nothing but the same MatMuls (no attention, no KV cache, no other nodes), fp32;
+- ONNX Runtime: the same MatMuls plus, per layer, the two `Concat`s a Hugging Face-style decoder graph makes at
+  every step (`present.{i}.key/.value` = the whole `past_key_values.{i}.*` followed by the new row), at a cache
+  of `--past` positions. An fp32 graph that keeps that I/O contract does all this work and more: its ceiling.
 
-Prints milliseconds per token for all the matrices, and the tokens/s ceiling that implies. Not a test: numbers
-depend on the machine and its load.
+Prints milliseconds per token, and the tokens/s ceiling that implies. The ONNX Runtime graphs run through IO
+binding, as `OnnxBackend` runs its model, taking turns over 3 rounds; each figure is the median of its rounds.
+Not a test: numbers depend on the machine and its load.
 """
 
 from __future__ import annotations
@@ -55,28 +59,62 @@ def torch_floors(shapes, repeats: int) -> dict[str, float]:
     return {"PyTorch F.linear": plain, "PyTorch DecodeLinear": decode}
 
 
-def onnx_matmuls(shapes, seed: int = 0) -> bytes:
+def onnx_matmuls(shapes, kv: tuple[int, int, int] | None = None, seed: int = 0) -> bytes:
+    """A graph of the decode step's weight products; with `kv = (n_head, head_size, past)` also each layer's two
+    KV-cache Concats, past (1, n_head, past, head_size) + the new row -> present (1, n_head, past + 1, head_size)."""
     rng = np.random.default_rng(seed)
-    inputs = {i: helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [1, 1, i]) for i, _ in shapes}
-    nodes, weights, outputs = [], [], []
+    inputs = {f"x{i}": [1, 1, i] for i, _ in shapes}
+    nodes, weights, outputs = [], [], {}
     for k, (i, o) in enumerate(shapes):
         weights.append(numpy_helper.from_array(rng.standard_normal((i, o)).astype(np.float32), f"w{k}"))
         nodes.append(helper.make_node("MatMul", [f"x{i}", f"w{k}"], [f"y{k}"]))
-        outputs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, [1, 1, o]))
-    graph = helper.make_graph(nodes, "matmuls", list(inputs.values()), outputs, weights)
+        outputs[f"y{k}"] = [1, 1, o]
+    if kv is not None:
+        n_head, head_size, past = kv
+        inputs["new"] = [1, n_head, 1, head_size]
+        for j in range(2 * (len(shapes) // 4)):  # a key and a value per layer
+            inputs[f"past{j}"] = [1, n_head, past, head_size]
+            nodes.append(helper.make_node("Concat", [f"past{j}", "new"], [f"present{j}"], axis=2))
+            outputs[f"present{j}"] = [1, n_head, past + 1, head_size]
+    graph = helper.make_graph(
+        nodes,
+        "decode_floor",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, d) for n, d in inputs.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, d) for n, d in outputs.items()],
+        weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model.SerializeToString()
 
 
-def onnx_floor(shapes, threads: int, repeats: int) -> float:
+def onnx_step(graph: bytes, threads: int):
+    """A callable that runs `graph` once on random inputs through IO binding, outputs allocated by ONNX Runtime."""
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    session = ort.InferenceSession(onnx_matmuls(shapes), options, providers=["CPUExecutionProvider"])
-    feeds = {f"x{i}": np.random.default_rng(1).standard_normal((1, 1, i)).astype(np.float32) for i, _ in shapes}
-    return per_call_ms(lambda: session.run(None, feeds), repeats)
+    session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+    binding = session.io_binding()
+    rng = np.random.default_rng(1)
+    for arg in session.get_inputs():
+        binding.bind_cpu_input(arg.name, rng.standard_normal(arg.shape).astype(np.float32))
+    for arg in session.get_outputs():
+        binding.bind_output(arg.name, "cpu")
+    return lambda: session.run_with_iobinding(binding)
+
+
+def onnx_floors(shapes, threads: int, repeats: int, kv: tuple[int, int, int], rounds: int = 3) -> dict[str, float]:
+    graphs = {
+        "ONNX Runtime MatMul only": onnx_matmuls(shapes),
+        f"ONNX Runtime + KV Concat, past {kv[2]}": onnx_matmuls(shapes, kv),
+    }
+    # One session alive at a time: an idle session's thread pool would still spin beside the one being timed.
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            times[name].append(per_call_ms(onnx_step(graph, threads), repeats))
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,19 +122,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--n-embd", type=int, default=384)
     parser.add_argument("--n-layer", type=int, default=6)
+    parser.add_argument("--n-head", type=int, default=6)
+    parser.add_argument(
+        "--past",
+        type=int,
+        default=160,
+        help="KV cache positions for the Concat row (default 160: the mean cache length of onnx_generation.py's "
+        "in-window run on the lesson-size model, 64 -> 256)",
+    )
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     shapes = layer_shapes(args.n_embd, args.n_layer)
     megabytes = sum(i * o for i, o in shapes) * 4 / 1e6
     results = torch_floors(shapes, args.repeats)
-    results["ONNX Runtime MatMul only"] = onnx_floor(shapes, args.threads, args.repeats)
+    if args.n_embd % args.n_head:
+        parser.error(f"--n-embd {args.n_embd} is not a multiple of --n-head {args.n_head}")
+    kv = (args.n_head, args.n_embd // args.n_head, args.past)
+    results.update(onnx_floors(shapes, args.threads, args.repeats, kv))
     print(
         f"{len(shapes)} weight matrices ({megabytes:.1f} MB fp32), batch 1, {args.threads} threads, "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
     for name, ms in results.items():
-        print(f"  {name:26s} {ms:6.3f} ms per token   (ceiling {1e3 / ms:6.0f} tok/s)")
+        print(f"  {name:36s} {ms:6.3f} ms per token   (ceiling {1e3 / ms:6.0f} tok/s)")
     return 0
 
 

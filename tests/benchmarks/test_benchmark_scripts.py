@@ -22,8 +22,12 @@ def run_script(name: str, *args: str) -> str:
 
 
 def test_decode_floor():
-    out = run_script("decode_floor.py", "--threads", "1", "--n-embd", "32", "--n-layer", "1", "--repeats", "3")
-    for path in ("PyTorch F.linear", "PyTorch DecodeLinear", "ONNX Runtime MatMul only"):
+    out = run_script(
+        "decode_floor.py",
+        *("--threads", "1", "--n-embd", "32", "--n-layer", "1", "--n-head", "4", "--past", "8"),
+        *("--repeats", "3"),
+    )
+    for path in ("PyTorch F.linear", "PyTorch DecodeLinear", "ONNX Runtime MatMul only", "KV Concat, past 8"):
         assert path in out
 
 
