@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import sys
 import time
 
@@ -68,10 +69,12 @@ def _generate(args: argparse.Namespace) -> int:
         unk_policy=args.unk_policy,
     )
     out = sys.stdout
+    start = time.perf_counter()
+    first = next(stream, None)  # checks every argument and the prompt before anything is printed
     if not args.no_echo:
         out.write(prompt)
-    start, n = time.perf_counter(), 0
-    for piece in stream:
+    n = 0
+    for piece in itertools.chain([] if first is None else [first], stream):
         out.write(piece)
         out.flush()
         n += 1

@@ -21,12 +21,15 @@ def test_generate_streams_the_continuation(tiny_model_dir, capsys):
         (["--temperature", "-1"], "temperature must be a finite number >= 0"),
         (["--top-p", "2"], r"top_p must be in \(0, 1\]"),
         (["--prompt", "héllo"], "'é' at 1"),
+        (["--window-mode", "refill", "--refill-tokens", "0"], "refill_tokens must be an integer"),
         (["--max-new-tokens", "-5"], "max_new_tokens must be in"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(tiny_model_dir, capsys, args, message):
-    assert main(["generate", str(tiny_model_dir), *args]) == 2
-    assert re.search(message, capsys.readouterr().err)
+    assert main(["generate", str(tiny_model_dir), "--prompt", "ROMEO:", *args]) == 2
+    captured = capsys.readouterr()
+    assert re.search(message, captured.err)
+    assert captured.out == ""  # checked before the prompt is echoed: no partial output ahead of the error
 
 
 def test_unknown_model_is_named(capsys):
