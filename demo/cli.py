@@ -16,16 +16,10 @@ import os
 import sys
 import time
 
+from gpt_serve.cli import positive_int
 from gpt_serve.models import MODELS_DIR
 
 from .registry import BACKENDS
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
 
 
 def _port(text: str) -> int:
@@ -69,14 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="threads per forward pass, PyTorch and ONNX Runtime (default 1: suits many users at once)",
     )
-    p.add_argument("--concurrency", type=_positive_int, default=16, help="generations running at once (default 16)")
+    p.add_argument("--concurrency", type=positive_int, default=16, help="generations running at once (default 16)")
     p.add_argument(
         "--max-new-tokens-limit",
-        type=_positive_int,
+        type=positive_int,
         default=2000,
         help="the largest max_new_tokens a request may ask for (default 2000)",
     )

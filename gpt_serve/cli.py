@@ -27,10 +27,20 @@ APPS = {
 BACKENDS = ("torch", "onnx", "onnx-int8")
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
 def load_backend(model: str, backend: str, threads: int | None = None):
     """(backend, vocab) for a model name or folder; torch is imported only for the torch backend."""
     from .models import model_path
 
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be None (the runtime's default) or an integer >= 1, got {threads!r}")
     folder = model_path(model)
     if backend == "torch":
         import torch
@@ -52,6 +62,8 @@ def load_backend(model: str, backend: str, threads: int | None = None):
 def _generate(args: argparse.Namespace) -> int:
     from .engine import stream_text
 
+    if args.refill_tokens is not None and args.window_mode != "refill":
+        raise ValueError("--refill-tokens applies only with --window-mode refill")
     backend, vocab = load_backend(args.model, args.backend, args.threads)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     stream = stream_text(
@@ -120,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="characters outside the vocabulary (default: error)",
     )
     g.add_argument("--backend", choices=BACKENDS, default="torch")
-    g.add_argument("--threads", type=int, default=None)
+    g.add_argument("--threads", type=positive_int, default=None, help="threads per forward pass (default: all)")
     g.add_argument("--no-echo", action="store_true", help="do not print the prompt before the continuation")
     g.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
     g.set_defaults(func=_generate)

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args, model_overrides)
         with logging_redirect_tqdm():
             result = Trainer(cfg, command=invocation(argv)).fit()
-    except (ValueError, TypeError, FileNotFoundError) as e:  # CheckpointError is a ValueError
+    except (ValueError, TypeError, OSError) as e:  # CheckpointError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

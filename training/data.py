@@ -42,8 +42,15 @@ def download_tiny_shakespeare(dest: str | os.PathLike | None = None) -> Path:
         logger.warning("%s does not have the expected sha256; downloading it again", dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     logger.info("downloading Tiny Shakespeare from %s to %s", TINY_SHAKESPEARE_URL, dest)
-    with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=60) as response:
-        payload = response.read()
+    try:
+        with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=60) as response:
+            payload = response.read()
+    except OSError as e:  # URLError (no network, DNS, HTTP status), timeouts, resets
+        reason = getattr(e, "reason", None) or e
+        raise ConnectionError(
+            f"could not download Tiny Shakespeare from {TINY_SHAKESPEARE_URL} ({reason}). Pass --data PATH to a "
+            f"local copy, or put the file at {dest}."
+        ) from None
     digest = hashlib.sha256(payload).hexdigest()
     if digest != TINY_SHAKESPEARE_SHA256:
         raise ValueError(

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             save_val_curves(curves, args.plot, targets, title="the lesson's ladder: validation loss")
         if args.table:
             write_report(rows, Path(args.table), command, Path(args.plot) if args.plot else None)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -22,6 +22,7 @@ def test_generate_streams_the_continuation(tiny_model_dir, capsys):
         (["--top-p", "2"], r"top_p must be in \(0, 1\]"),
         (["--prompt", "héllo"], "'é' at 1"),
         (["--window-mode", "refill", "--refill-tokens", "0"], "refill_tokens must be an integer"),
+        (["--refill-tokens", "5"], "--refill-tokens applies only with --window-mode refill"),
         (["--max-new-tokens", "-5"], "max_new_tokens must be in"),
     ],
 )
@@ -30,6 +31,21 @@ def test_bad_arguments_exit_2_with_a_message(tiny_model_dir, capsys, args, messa
     captured = capsys.readouterr()
     assert re.search(message, captured.err)
     assert captured.out == ""  # checked before the prompt is echoed: no partial output ahead of the error
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+@pytest.mark.parametrize("threads", ["0", "-3"])
+def test_bad_thread_counts_are_usage_errors(capsys, backend, threads):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "ladder-a", "--backend", backend, "--threads", threads])
+    assert exc.value.code == 2 and f"--threads: must be an integer >= 1, got {threads}" in capsys.readouterr().err
+
+
+def test_load_backend_checks_threads():
+    from gpt_serve.cli import load_backend
+
+    with pytest.raises(ValueError, match="threads must be None .* or an integer >= 1, got 0"):
+        load_backend("ladder-a", "torch", threads=0)
 
 
 def test_unknown_model_is_named(capsys):

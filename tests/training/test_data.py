@@ -135,3 +135,21 @@ def test_a_damaged_cached_copy_is_downloaded_again(tmp_path, monkeypatch, data_p
     fake = _FakeURL(data_path.read_bytes())
     monkeypatch.setattr(data_mod.urllib.request, "urlopen", fake)
     assert data_mod.sha256_of(download_tiny_shakespeare()) == data_mod.TINY_SHAKESPEARE_SHA256 and fake.calls == 1
+
+
+def test_a_failed_download_says_what_to_do(tmp_path, monkeypatch, capsys):
+    import urllib.error
+
+    from training.cli import main
+
+    def offline(url, timeout=None):
+        raise urllib.error.URLError(OSError(-2, "Name or service not known"))
+
+    monkeypatch.setenv("GPT_SERVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(data_mod.urllib.request, "urlopen", offline)
+    with pytest.raises(ConnectionError, match="could not download Tiny Shakespeare.*Pass --data PATH"):
+        load_text(None)
+    assert main(["--preset", "tiny", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "Name or service not known" in err and "--data PATH" in err and "Traceback" not in err
+    assert not (tmp_path / "cache" / "tinyshakespeare.txt").exists()
