@@ -85,9 +85,16 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
 
+    from gpt_serve.models import model_path
+
     from .exporter import export_model
     from .report import card_section, format_report, update_model_card
 
+    try:
+        model_path(args.model)  # a bad folder is named before the validation text is looked for
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     text, source = None, ""
     if not args.no_quantize:
         try:

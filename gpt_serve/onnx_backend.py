@@ -199,8 +199,11 @@ class OnnxBackend:
                 + EXPORT_HINT.format(model_dir=self.model_dir)
             )
         config_file = self.model_dir / "config.json"
-        with open(config_file, encoding="utf-8") as f:
-            config = json.load(f)
+        try:
+            with open(config_file, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON
+            raise ValueError(f"cannot read {config_file}: {e}") from None
         onnx_values = {k: int(self.metadata[k]) for k in CONFIG_KEYS_CHECKED}
         stale = {k: (config.get(k), v) for k, v in onnx_values.items() if config.get(k) != v}
         if stale:

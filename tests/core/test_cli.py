@@ -1,6 +1,7 @@
 """The gpt-serve command: generate streams text, bad input exits 2 with a message naming it."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,17 @@ def test_load_backend_checks_threads():
 def test_unknown_model_is_named(capsys):
     assert main(["generate", "no-such-model"]) == 2
     assert "unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_a_folder_that_is_not_a_model_is_named(tmp_path, capsys):
+    assert main(["generate", str(tmp_path)]) == 2
+    assert f"{tmp_path} is a folder but not a model folder: it has no config.json" in capsys.readouterr().err
+
+
+def test_a_corrupt_config_is_an_error_not_a_traceback(tmp_path, tiny_model_dir, capsys):
+    import shutil
+
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
+    (folder / "config.json").write_text("{not json", encoding="utf-8")
+    assert main(["generate", str(folder), "--max-new-tokens", "3"]) == 2
+    assert "config.json" in capsys.readouterr().err

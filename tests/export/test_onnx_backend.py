@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -168,6 +169,13 @@ def test_stale_export_is_refused(tmp_path, exported_dir):
     config["block_size"] = 32
     (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
     with pytest.raises(ValueError, match="block_size: config.json 32, ONNX 16"):
+        OnnxBackend(folder)
+
+
+def test_unreadable_config_is_named(tmp_path, exported_dir):
+    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    (folder / "config.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"cannot read {re.escape(str(folder / 'config.json'))}: Expecting"):
         OnnxBackend(folder)
 
 
