@@ -132,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args(argv)
+    if args.n_embd % args.n_head:
+        parser.error(f"--n-embd {args.n_embd} is not a multiple of --n-head {args.n_head}")
     torch.set_num_threads(args.threads)
     shapes = layer_shapes(args.n_embd, args.n_layer)
     megabytes = sum(i * o for i, o in shapes) * 4 / 1e6
     results = torch_floors(shapes, args.repeats)
-    if args.n_embd % args.n_head:
-        parser.error(f"--n-embd {args.n_embd} is not a multiple of --n-head {args.n_head}")
     kv = (args.n_head, args.n_embd // args.n_head, args.past)
     results.update(onnx_floors(shapes, args.threads, args.repeats, kv))
     print(

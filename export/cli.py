@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from .report import card_section, format_report, update_model_card
 
     try:
-        model_path(args.model)  # a bad folder is named before the validation text is looked for
+        folder = model_path(args.model)  # a bad folder is named before the validation text is looked for
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         report = export_model(
-            args.model,
+            folder,
             text=text,
             text_source=source,
             quantize=not args.no_quantize,

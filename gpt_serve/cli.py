@@ -39,16 +39,16 @@ def load_backend(model: str, backend: str, threads: int | None = None):
     """(backend, vocab) for a model name or folder; torch is imported only for the torch backend."""
     from .models import model_path
 
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be None (the runtime's default) or an integer >= 1, got {threads!r}")
     folder = model_path(model)
-    if backend == "torch":
+    if backend == "torch":  # (OnnxBackend checks its own `threads`)
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be None (PyTorch's default) or an integer >= 1, got {threads!r}")
         import torch
 
         from . import CharGPTForCausalLM, CharTokenizer
         from .torch_backend import TorchBackend
 
-        if threads:
+        if threads is not None:
             torch.set_num_threads(threads)
         return TorchBackend(CharGPTForCausalLM.from_pretrained(folder)), CharTokenizer.from_pretrained(folder).vocab
     if backend in ("onnx", "onnx-int8"):

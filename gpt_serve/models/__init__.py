@@ -23,12 +23,11 @@ def model_path(name: str = DEFAULT_MODEL) -> Path:
     if not isinstance(name, str) or not name:
         raise ValueError(f"model name must be a non-empty string, got {name!r}")
     candidate = Path(name)
-    if candidate.is_dir():
-        if (candidate / "config.json").is_file():
-            return candidate
-        if not (MODELS_DIR / name / "config.json").is_file():
-            raise ValueError(f"{name} is a folder but not a model folder: it has no config.json")
+    if candidate.is_dir() and (candidate / "config.json").is_file():
+        return candidate
     folder = MODELS_DIR / name
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"unknown model {name!r}: shipped models are {list_models()}, or pass a model folder path")
-    return folder
+    if (folder / "config.json").is_file():
+        return folder
+    if candidate.is_dir():
+        raise ValueError(f"{name} is a folder but not a model folder: it has no config.json")
+    raise ValueError(f"unknown model {name!r}: shipped models are {list_models()}, or pass a model folder path")
