@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench sync-models clean
+.PHONY: install demo test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -22,6 +22,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
@@ -34,10 +35,6 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/onnx_generation.py --threads 2
 	$(PY) benchmarks/training.py --threads 2 --presets shakespeare-cpu
-
-# Refresh the module files (trust_remote_code) inside the shipped model folders after editing gpt_serve/.
-sync-models:
-	for c in gpt_serve/models/*/config.json; do for f in $$(dirname $$c)/*.py; do cp gpt_serve/$$(basename $$f) $$f; done; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -258,9 +258,7 @@ def engine_alone(args) -> list[tuple]:
             continue
         runs = []
         for seed in range(args.requests + 1):
-            request = parse_request(
-                registry,
-                Limits(),
+            form = dict(
                 prompt=args.prompt,
                 max_new_tokens=args.max_new_tokens,
                 temperature=0.8,
@@ -270,7 +268,9 @@ def engine_alone(args) -> list[tuple]:
                 backend=backend,
                 model=args.model,
                 window_mode=args.window_mode,
+                unk_policy="error",
             )
+            request = parse_request(registry, Limits(), form)
             runs.append(list(stream_progress(registry, request))[-1])
         runs = runs[1:]  # the first one loaded the backend
         rows.append(row(backend, [r.time_to_first_token for r in runs], [r.tokens_per_second for r in runs]))

@@ -28,11 +28,10 @@ import onnxruntime as ort
 import torch
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
-from gpt_serve.engine import generate_tokens
+from gpt_serve.generation import SamplingParams, generate_tokens, load_backend
+from gpt_serve.generation.onnx_backend import onnx_path
+from gpt_serve.generation.torch_backend import full_recompute_generate
 from gpt_serve.models import list_models, model_path
-from gpt_serve.onnx_backend import OnnxBackend, onnx_path
-from gpt_serve.sampling import SamplingParams
-from gpt_serve.torch_backend import TorchBackend, full_recompute_generate
 
 # Run as a script, this folder is sys.path[0], and its other scripts (benchmarks/training.py) would shadow the
 # repository's packages of the same name: look in the repository root first.
@@ -95,8 +94,8 @@ def exported_copy(folder: Path, work: Path, text: str) -> Path:
 
 
 def bench_model(name: str, folder: Path, text: str, args) -> list[dict]:
-    model = CharGPTForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    vocab = OnnxBackend(folder, threads=1).vocab
+    pytorch = load_backend(folder, "torch")
+    model, vocab = pytorch.backend.pretrained, pytorch.vocab
     block = model.config.block_size
     ids = vocab.encode(text[: 10 * block])
     prompt = ids[: max(1, block // 4)]
@@ -104,9 +103,9 @@ def bench_model(name: str, folder: Path, text: str, args) -> list[dict]:
     full_prompt = ids[:block]
     paths = {
         "naive recompute (PyTorch)": None,
-        "PyTorch engine (KV cache)": TorchBackend(model),
-        "ONNX Runtime fp32": OnnxBackend(folder, threads=args.threads),
-        "ONNX Runtime int8": OnnxBackend(folder, quantized=True, threads=args.threads),
+        "PyTorch engine (KV cache)": pytorch.backend,
+        "ONNX Runtime fp32": load_backend(folder, "onnx", threads=args.threads).backend,
+        "ONNX Runtime int8": load_backend(folder, "onnx-int8", threads=args.threads).backend,
     }
     rows = []
     for label, backend in paths.items():

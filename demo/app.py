@@ -17,11 +17,15 @@ waiting in line behind Gradio's default limit of 1.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import gradio as gr
 
+from gpt_serve.generation import BACKENDS
+
 from .generation import Activity, Limits
-from .handlers import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, DemoHandlers, ladder_label
-from .registry import BACKENDS, ModelRegistry
+from .handlers import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, FIELDS, DemoHandlers, ladder_label
+from .registry import ModelRegistry
 
 DEFAULT_PROMPT = "ROMEO:"
 EXAMPLES = [
@@ -34,6 +38,11 @@ EXAMPLES = [
 WINDOW_CHOICES = [
     ("exact: the lesson's last block_size tokens (a full forward per token)", "exact"),
     ("refill: restart the cache from the last block_size/2 tokens (faster)", "refill"),
+]
+UNK_CHOICES = [
+    ("stop with a message", "error"),
+    ("replace each with a space", "replace"),
+    ("drop them", "drop"),
 ]
 # A fresh ticket for each run started from the page; Stop sends the tickets back (see `StopRequests`).
 NEW_TICKET_JS = "() => Math.random().toString(36).slice(2) + Date.now().toString(36)"
@@ -78,127 +87,133 @@ def build_demo(
         registry.default_model(default_model),
         default_backend,
     )
-    stream_group = dict(concurrency_limit=concurrency, concurrency_id="generation")
-    private = dict(api_visibility="private")
-
     with gr.Blocks(title="gpt-serve: Let's build GPT", analytics_enabled=False) as demo:
         gr.Markdown(INTRO)
-        with gr.Row():
-            with gr.Column(scale=2):
-                prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=4, elem_id="prompt")
-                with gr.Row():
-                    generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
-                gr.Examples(EXAMPLES, inputs=[prompt], label="Examples")
-                with gr.Accordion("Sampling", open=True):
-                    max_new_tokens = gr.Slider(
-                        1,
-                        limits.max_new_tokens,
-                        DEFAULT_MAX_NEW_TOKENS,
-                        step=1,
-                        label="Max new tokens",
-                        elem_id="max-new-tokens",
-                    )
-                    temperature = gr.Slider(0, 2, DEFAULT_TEMPERATURE, step=0.05, label="Temperature (0 = greedy)")
-                    top_k = gr.Slider(0, 100, 0, step=1, label="Top-k (0 = off)")
-                    top_p = gr.Slider(0.01, 1, 1.0, step=0.01, label="Top-p (1 = off)")
-                    seed = gr.Number(-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
-                    window_mode = gr.Radio(WINDOW_CHOICES, value="exact", label="Past block_size")
-                    replace = gr.Checkbox(False, label="Replace unknown characters with a space")
-            with gr.Column(scale=3):
-                with gr.Row():
-                    model = gr.Dropdown(
-                        [(n if n in registry.available else f"{n} (not available)", n) for n in registry.names],
-                        value=handlers.default_model,
-                        label="Model",
-                        elem_id="model",
-                    )
-                    backend = gr.Dropdown(
-                        [(label, key) for key, label in BACKENDS.items()],
-                        value=default_backend,
-                        label="Backend",
-                        elem_id="backend",
-                    )
-                model_info = gr.Markdown(elem_id="model-info")
-                output = gr.Textbox(
-                    label="Output",
-                    lines=16,
-                    max_lines=28,
-                    interactive=False,
-                    autoscroll=True,
-                    elem_id="output",
-                    buttons=["copy"],
-                )
-                stats = gr.Markdown(elem_id="stats")
-                status = gr.Markdown(elem_id="status")
-        with gr.Accordion("Attention: what each head looks at in the prompt", open=True):
-            layer = gr.Radio([("layer 0", 0)], value=0, label="Layer", elem_id="layer")
-            heatmap = gr.Image(
-                label="Attention heat maps (query position ↓ × key position →)",
-                show_label=False,
-                type="numpy",
-                format="png",
-                interactive=False,
-                elem_id="attention",
-                buttons=["download", "fullscreen"],
-            )
-            caption = gr.Markdown(elem_id="attention-caption")
-            attention_state = gr.State(None)
-        gen_ticket = gr.Textbox(visible="hidden", elem_id="gen-ticket")
-        compare_ticket = gr.Textbox(visible="hidden", elem_id="compare-ticket")
-        with gr.Accordion("Compare the ladder: what each lesson component buys", open=False):
-            gr.Markdown(
-                "Runs the prompt, seed and sampling settings above through every stage of the lesson's ladder "
-                "(A–E), side by side. Set a seed to make it repeatable."
-            )
-            compare_btn = gr.Button("Compare the ladder", elem_id="compare-btn")
-            with gr.Row():
-                ladder_outputs = [
-                    gr.Textbox(
-                        label=ladder_label(n, registry),
-                        lines=12,
-                        interactive=False,
-                        elem_classes="ladder",
-                        elem_id=f"compare-{n}",
-                    )
-                    for n in handlers.ladder
-                ]
-            compare_status = gr.Markdown()
-
-        sampling = [max_new_tokens, temperature, top_k, top_p, seed]
-        # Streams show no progress overlay: the status line and the live stats say a run is on, and drawing the
-        # overlay delays the first characters by ~150 ms in a browser on a busy 2-core machine.
-        gen_event = generate_btn.click(None, None, gen_ticket, js=NEW_TICKET_JS, queue=False, **private).then(
-            handlers.ui_generate,
-            [prompt, *sampling, backend, model, window_mode, replace, gen_ticket],
-            [output, stats, status],
-            show_progress="hidden",
-            **private,
-            **stream_group,
-        )
-        gen_event.then(  # also after Stop: the view is of the prompt
-            handlers.ui_attention,
-            [prompt, model, replace, layer],
-            [heatmap, attention_state, layer, caption],
-            concurrency_limit=concurrency,
-            concurrency_id="attention",
-            show_progress="minimal",
-            **private,
-        )
-        layer.input(handlers.ui_layer, [attention_state, layer], [heatmap, caption], queue=False, **private)
-        compare_btn.click(None, None, compare_ticket, js=NEW_TICKET_JS, queue=False, **private).then(
-            handlers.ui_compare,
-            [prompt, *sampling, backend, window_mode, replace, compare_ticket],
-            [*ladder_outputs, compare_status],
-            show_progress="hidden",
-            **private,
-            **stream_group,
-        )
-        stop_btn.click(handlers.ui_stop, [gen_ticket, compare_ticket], None, queue=False, **private)
-        for trigger in (model.change, backend.change, demo.load):
-            trigger(handlers.ui_model_info, [model, backend], model_info, queue=False, **private)
-        gr.api(handlers.generate, api_name="generate", **stream_group)
+        ui = _layout(registry, handlers, limits, default_backend)
+        _wire(demo, ui, handlers, concurrency)
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
     # for tests and benchmarks: the counters, the models, and the event functions callable without a browser
     demo.activity, demo.registry, demo.handlers = handlers.activity, registry, handlers
     return demo
+
+
+def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, default_backend: str) -> SimpleNamespace:
+    """The page's components; `form` holds the request's, in the order of `FIELDS`."""
+    ui = SimpleNamespace()
+    with gr.Row():
+        with gr.Column(scale=2):
+            ui.prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=4, elem_id="prompt")
+            with gr.Row():
+                ui.generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
+                ui.stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+            gr.Examples(EXAMPLES, inputs=[ui.prompt], label="Examples")
+            with gr.Accordion("Sampling", open=True):
+                ui.max_new_tokens = gr.Slider(
+                    1, limits.max_new_tokens, DEFAULT_MAX_NEW_TOKENS, step=1, label="Max new tokens",
+                    elem_id="max-new-tokens",
+                )  # fmt: skip
+                ui.temperature = gr.Slider(0, 2, DEFAULT_TEMPERATURE, step=0.05, label="Temperature (0 = greedy)")
+                ui.top_k = gr.Slider(0, 100, 0, step=1, label="Top-k (0 = off)")
+                ui.top_p = gr.Slider(0.01, 1, 1.0, step=0.01, label="Top-p (1 = off)")
+                ui.seed = gr.Number(-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
+                ui.window_mode = gr.Radio(WINDOW_CHOICES, value="exact", label="Past block_size")
+                ui.unk_policy = gr.Radio(UNK_CHOICES, value="error", label="Characters outside the vocabulary")
+        with gr.Column(scale=3):
+            with gr.Row():
+                ui.model = gr.Dropdown(
+                    [(n if n in registry.available else f"{n} (not available)", n) for n in registry.names],
+                    value=handlers.default_model,
+                    label="Model",
+                    elem_id="model",
+                )
+                ui.backend = gr.Dropdown(
+                    [(label, key) for key, label in BACKENDS.items()],
+                    value=default_backend,
+                    label="Backend",
+                    elem_id="backend",
+                )
+            ui.model_info = gr.Markdown(elem_id="model-info")
+            ui.output = gr.Textbox(
+                label="Output",
+                lines=16,
+                max_lines=28,
+                interactive=False,
+                autoscroll=True,
+                elem_id="output",
+                buttons=["copy"],
+            )
+            ui.stats = gr.Markdown(elem_id="stats")
+            ui.status = gr.Markdown(elem_id="status")
+    with gr.Accordion("Attention: what each head looks at in the prompt", open=True):
+        ui.layer = gr.Radio([("layer 0", 0)], value=0, label="Layer", elem_id="layer")
+        ui.heatmap = gr.Image(
+            label="Attention heat maps (query position ↓ × key position →)",
+            show_label=False,
+            type="numpy",
+            format="png",
+            interactive=False,
+            elem_id="attention",
+            buttons=["download", "fullscreen"],
+        )
+        ui.caption = gr.Markdown(elem_id="attention-caption")
+        ui.attention_state = gr.State(None)
+    ui.gen_ticket = gr.Textbox(visible="hidden", elem_id="gen-ticket")
+    ui.compare_ticket = gr.Textbox(visible="hidden", elem_id="compare-ticket")
+    with gr.Accordion("Compare the ladder: what each lesson component buys", open=False):
+        gr.Markdown(
+            "Runs the prompt, seed and sampling settings above through every stage of the lesson's ladder "
+            "(A–E), side by side. Set a seed to make it repeatable."
+        )
+        ui.compare_btn = gr.Button("Compare the ladder", elem_id="compare-btn")
+        with gr.Row():
+            ui.ladder_outputs = [
+                gr.Textbox(
+                    label=ladder_label(n, registry),
+                    lines=12,
+                    interactive=False,
+                    elem_classes="ladder",
+                    elem_id=f"compare-{n}",
+                )
+                for n in handlers.ladder
+            ]
+        ui.compare_status = gr.Markdown()
+    ui.form = [getattr(ui, name) for name in FIELDS]
+    return ui
+
+
+def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurrency: int) -> None:
+    """The events: the page's runs (private) and the public /generate API, in one concurrency group."""
+    stream_group = dict(concurrency_limit=concurrency, concurrency_id="generation")
+    private = dict(api_visibility="private")
+    # Streams show no progress overlay: the status line and the live stats say a run is on, and drawing the
+    # overlay delays the first characters by ~150 ms in a browser on a busy 2-core machine.
+    gen_event = ui.generate_btn.click(None, None, ui.gen_ticket, js=NEW_TICKET_JS, queue=False, **private).then(
+        handlers.ui_generate,
+        [ui.gen_ticket, *ui.form],
+        [ui.output, ui.stats, ui.status],
+        show_progress="hidden",
+        **private,
+        **stream_group,
+    )
+    gen_event.then(  # also after Stop: the view is of the prompt
+        handlers.ui_attention,
+        [ui.prompt, ui.model, ui.unk_policy, ui.layer],
+        [ui.heatmap, ui.attention_state, ui.layer, ui.caption],
+        concurrency_limit=concurrency,
+        concurrency_id="attention",
+        show_progress="minimal",
+        **private,
+    )
+    ui.layer.input(handlers.ui_layer, [ui.attention_state, ui.layer], [ui.heatmap, ui.caption], queue=False, **private)
+    ui.compare_btn.click(None, None, ui.compare_ticket, js=NEW_TICKET_JS, queue=False, **private).then(
+        handlers.ui_compare,
+        [ui.compare_ticket, *ui.form],
+        [*ui.ladder_outputs, ui.compare_status],
+        show_progress="hidden",
+        **private,
+        **stream_group,
+    )
+    ui.stop_btn.click(handlers.ui_stop, [ui.gen_ticket, ui.compare_ticket], None, queue=False, **private)
+    for trigger in (ui.model.change, ui.backend.change, demo.load):
+        trigger(handlers.ui_model_info, [ui.model, ui.backend], ui.model_info, queue=False, **private)
+    gr.api(handlers.generate, api_name="generate", **stream_group)

@@ -17,9 +17,8 @@ import sys
 import time
 
 from gpt_serve.cli import positive_int
+from gpt_serve.generation import BACKENDS
 from gpt_serve.models import MODELS_DIR
-
-from .registry import BACKENDS
 
 
 def _port(text: str) -> int:
@@ -97,7 +96,7 @@ def seconds_since_process_start() -> float | None:
 
 def preload(registry, model: str, backend: str) -> str:
     """Loads (model, backend) and the attention model, and runs a few tokens through both; returns a summary."""
-    from gpt_serve.engine import generate_text
+    from gpt_serve.generation import generate_text
 
     from .attention import prompt_attention
 
@@ -108,7 +107,7 @@ def preload(registry, model: str, backend: str) -> str:
     loaded = registry.backend(model, backend)
     generate_text(loaded.backend, loaded.vocab, loaded.vocab.chars[0], 8, seed=0)  # warm-up: first calls allocate
     try:
-        prompt_attention(registry.torch_model(model), [0, 1])
+        prompt_attention(registry.backend(model, "torch").backend.pretrained, [0, 1])
     except ImportError:
         pass
     return f"{model}/{backend} loaded and warmed up in {time.perf_counter() - start:.2f} s"

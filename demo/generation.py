@@ -1,10 +1,13 @@
 """What one generation request is, checked; the stream it produces, with live stats; and the yield throttle.
 
-Everything here is plain Python generators over `gpt_serve.engine.stream_text`, testable without Gradio:
+Everything here is plain Python generators over the library's token loop, testable without Gradio:
 
-    request = parse_request(registry, Limits(), prompt="ROMEO:", max_new_tokens=200, ...)
+    request = parse_request(registry, Limits(), dict(prompt="ROMEO:", max_new_tokens=200, ...))
     for progress in throttle(stream_progress(registry, request), interval=0.05):
         print(progress.text, progress.tokens, progress.tokens_per_second)
+
+A request is checked once (`parse_request`); its sampling settings become the one `SamplingParams` that the
+sampler gets, and its prompt is encoded once, by the model's vocabulary, when its stream starts.
 
 The compute happens only inside `next()`: when a consumer stops iterating (Stop, a client that went away), the
 engine does no further forward pass, and closing the generator (`GeneratorExit`, as Gradio does) closes the
@@ -17,12 +20,12 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from gpt_serve.engine import WINDOW_MODES, stream_text
+from gpt_serve.generation import WINDOW_MODES, SamplingParams, generate_tokens
 from gpt_serve.vocab import UNK_POLICIES
 
 from .registry import DemoInputError, ModelRegistry, resolve_backend
@@ -41,13 +44,11 @@ class Limits:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A checked request: every field is in range and of the right type."""
+    """A checked request: every field is in range and of the right type; `sampling` goes to the sampler as is."""
 
-    prompt: str
+    prompt: str  # as sent: the model's vocabulary encodes it when the stream starts (`unk_policy`)
     max_new_tokens: int
-    temperature: float
-    top_k: int | None
-    top_p: float
+    sampling: SamplingParams
     seed: int
     seed_was_random: bool
     backend: str
@@ -60,6 +61,7 @@ class GenerationRequest:
 class Progress:
     """The state of a stream after a token: the text generated so far (the prompt not included) and timings."""
 
+    prompt: str  # the prompt as the model reads it (unknown characters replaced or dropped)
     text: str
     tokens: int
     time_to_first_token: float | None  # seconds from the request to the first token
@@ -129,24 +131,18 @@ def _number(name: str, value, lo: float, hi: float, lo_open: bool = False, hint:
     return value
 
 
-def parse_request(
-    registry: ModelRegistry,
-    limits: Limits,
-    *,
-    prompt,
-    max_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    backend,
-    model,
-    window_mode="exact",
-    unk_policy="error",
-) -> GenerationRequest:
-    """Checks what a user (UI or API) sent; raises `DemoInputError` with a message naming the bad value and what
-    would be accepted. `seed` None or -1 draws a random seed (reported back in the request); `top_k` None or 0
-    means no limit. Does not load any model."""
+def parse_request(registry: ModelRegistry, limits: Limits, form: Mapping[str, object]) -> GenerationRequest:
+    """Checks what a user (UI or API) sent: the parameters of `DemoHandlers.generate`, by name. Raises
+    `DemoInputError` with a message naming the bad value and what would be accepted. `seed` None or -1 draws a
+    random seed (reported back in the request); `top_k` None or 0 means no limit. Does not load any model."""
+    try:
+        return _parse(registry, limits, form)
+    except KeyError as e:
+        raise DemoInputError(f"the request has no {e.args[0]!r}") from None
+
+
+def _parse(registry: ModelRegistry, limits: Limits, form: Mapping[str, object]) -> GenerationRequest:
+    prompt = form["prompt"]
     if not isinstance(prompt, str):
         raise DemoInputError(f"prompt must be text, got {type(prompt).__name__}")
     if not prompt:
@@ -159,33 +155,24 @@ def parse_request(
             f"the prompt is {len(prompt)} characters long; the limit is {limits.max_prompt_chars} "
             f"(the model only reads the last block_size characters anyway)"
         )
-    max_new_tokens = _integer("max_new_tokens", max_new_tokens, 1, limits.max_new_tokens)
-    temperature = _number("temperature", temperature, 0.0, limits.max_temperature, hint=" (0 = greedy)")
+    max_new_tokens = _integer("max_new_tokens", form["max_new_tokens"], 1, limits.max_new_tokens)
+    temperature = _number("temperature", form["temperature"], 0.0, limits.max_temperature, hint=" (0 = greedy)")
+    top_k = form["top_k"]
     top_k = None if top_k is None else _integer("top_k", top_k, 0, 1_000_000, hint=" (0 = no limit)") or None
-    top_p = _number("top_p", top_p, 0.0, 1.0, lo_open=True)
+    top_p = _number("top_p", form["top_p"], 0.0, 1.0, lo_open=True)
+    seed = form["seed"]
     seed_was_random = seed is None or (not isinstance(seed, (bool, str)) and seed == -1)
-    if seed_was_random:
-        seed = secrets.randbelow(2**31)
-    else:
-        seed = _integer("seed", seed, 0, MAX_SEED, hint=" (-1 = random)")
-    backend = resolve_backend(backend)
-    model = registry.resolve_model(model)
+    seed = secrets.randbelow(2**31) if seed_was_random else _integer("seed", seed, 0, MAX_SEED, hint=" (-1 = random)")
+    backend = resolve_backend(form["backend"])
+    model = registry.resolve_model(form["model"])
+    window_mode, unk_policy = form["window_mode"], form["unk_policy"]
     if window_mode not in WINDOW_MODES:
         raise DemoInputError(f"window_mode must be one of {list(WINDOW_MODES)}, got {window_mode!r}")
     if unk_policy not in UNK_POLICIES:
         raise DemoInputError(f"unk_policy must be one of {list(UNK_POLICIES)}, got {unk_policy!r}")
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     return GenerationRequest(
-        prompt,
-        max_new_tokens,
-        temperature,
-        top_k,
-        top_p,
-        seed,
-        seed_was_random,
-        backend,
-        model,
-        window_mode,
-        unk_policy,
+        prompt, max_new_tokens, sampling, seed, seed_was_random, backend, model, window_mode, unk_policy
     )
 
 
@@ -241,21 +228,21 @@ class StopRequests:
                 del self._current[key]
 
 
-def clean_prompt(vocab, prompt: str, unk_policy: str) -> str:
-    """The prompt with unknown characters handled; DemoInputError naming them (and the opt-in) otherwise."""
-    unknown = vocab.unknown(prompt)
-    if unknown and unk_policy == "error":
+def encode_prompt(vocab, prompt: str, unk_policy: str) -> list[int]:
+    """The prompt's ids; DemoInputError naming unknown characters (and the opt-in) otherwise."""
+    try:
+        ids = vocab.encode(prompt, unk_policy)
+    except ValueError:
+        unknown = vocab.unknown(prompt)
         shown = ", ".join(f"{c!r} (position {i})" for i, c in unknown[:10])
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
         raise DemoInputError(
             f"the prompt has {len(unknown)} character(s) outside this model's vocabulary: {shown}{more}. Remove "
-            f"them, or opt in to replacing them with a space ('Replace unknown characters'; unk_policy='replace' "
-            f"in the API)"
-        )
-    cleaned = vocab.clean(prompt, unk_policy)
-    if not cleaned:
+            f"them, or choose to replace them with a space ('Unknown characters'; unk_policy='replace' in the API)"
+        ) from None
+    if not ids:
         raise DemoInputError("the prompt has no character left once the unknown ones are dropped")
-    return cleaned
+    return ids
 
 
 def stream_progress(
@@ -265,43 +252,39 @@ def stream_progress(
     should_stop: Callable[[], bool] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[Progress]:
-    """One `Progress` per generated token, then a last one with `done=True`. Loads the backend on first use.
+    """A `Progress` with no tokens once the prompt is encoded, one per generated token, then a last one with
+    `done=True`. Loads the backend on first use.
 
     `should_stop` is polled before the first token and after every token; once it returns True the stream ends
     (the last `Progress` has `stopped=True`) and no further forward pass runs.
     """
     start = clock()
     loaded = registry.backend(request.model, request.backend)
-    prompt = clean_prompt(loaded.vocab, request.prompt, request.unk_policy)
-    pieces = stream_text(
-        loaded.backend,
-        loaded.vocab,
-        prompt,
-        request.max_new_tokens,
-        temperature=request.temperature,
-        top_k=request.top_k,
-        top_p=request.top_p,
-        seed=request.seed,
-        window_mode=request.window_mode,
+    ids = encode_prompt(loaded.vocab, request.prompt, request.unk_policy)
+    prompt = loaded.vocab.decode(ids)
+    tokens = generate_tokens(
+        loaded.backend, [ids], request.max_new_tokens, request.sampling, request.seed, request.window_mode
     )
     activity = activity or Activity()
     activity.begin()
     text, first_at, now, stopped = "", None, start, False
     try:
+        yield Progress(prompt, "", 0, None, clock() - start, 0.0)
         stopped = should_stop is not None and should_stop()
-        for piece in () if stopped else pieces:
+        for token in () if stopped else tokens:
             now = clock()
             first_at = now if first_at is None else first_at
-            text += piece
+            text += loaded.vocab.decode(token[:1])
             activity.token()
-            yield Progress(text, len(text), first_at - start, now - start, now - first_at)
+            yield Progress(prompt, text, len(text), first_at - start, now - start, now - first_at)
             if should_stop is not None and should_stop():
                 stopped = True
                 break
         ttft = None if first_at is None else first_at - start
-        yield Progress(text, len(text), ttft, clock() - start, now - (first_at or now), done=True, stopped=stopped)
+        decode = now - (first_at or now)
+        yield Progress(prompt, text, len(text), ttft, clock() - start, decode, done=True, stopped=stopped)
     finally:
-        pieces.close()
+        tokens.close()
         activity.end()
 
 

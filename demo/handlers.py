@@ -7,10 +7,14 @@ page (`demo.app.build_demo`) wires its methods to buttons, and tests call them d
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 from collections.abc import Iterator
 
 import gradio as gr
+
+from gpt_serve.generation import BACKENDS
+from gpt_serve.models import LADDER
 
 from .attention import prompt_attention, render_heads
 from .generation import (
@@ -19,13 +23,13 @@ from .generation import (
     Limits,
     Progress,
     StopRequests,
-    clean_prompt,
+    encode_prompt,
     parse_request,
     stream_progress,
     stream_side_by_side,
     throttle,
 )
-from .registry import BACKENDS, LADDER_MODELS, DemoInputError, ModelRegistry
+from .registry import LADDER_MODELS, DemoInputError, ModelRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -53,15 +57,10 @@ def attention_caption(weights, layer: int) -> str:
 
 
 def ladder_label(name: str, registry: ModelRegistry) -> str:
-    """'A: one self-attention head · val loss 2.40': what the stage adds (training presets, when importable) and
-    the validation loss its training reached (when the folder has metrics)."""
+    """'A: one self-attention head · val loss 2.40': what the stage adds and the validation loss its training
+    reached (when the folder has metrics)."""
     stage = name.rsplit("-", 1)[-1].upper()
-    try:
-        from training.presets import PRESETS
-
-        label = f"{stage}: {PRESETS[name].adds}"
-    except (ImportError, KeyError):
-        label = f"{stage}: {name}"
+    label = f"{stage}: {LADDER.get(name, name)}"
     try:
         loss = registry.info(name)["val_loss"]
     except DemoInputError:
@@ -96,8 +95,12 @@ class DemoHandlers:
         self.stops = StopRequests()
         self.ladder = [n for n in LADDER_MODELS if n in registry.names]
 
-    def _parse(self, **kwargs) -> GenerationRequest:
-        return parse_request(self.registry, self.limits, **kwargs)
+    def _parse(self, form) -> GenerationRequest:
+        """Checks the request fields (`FIELDS`, in order); None for backend and model means the defaults."""
+        form = dict(zip(FIELDS, form, strict=True))
+        form["backend"] = self.default_backend if form["backend"] is None else form["backend"]
+        form["model"] = self.default_model if form["model"] is None else form["model"]
+        return parse_request(self.registry, self.limits, form)
 
     def generate(
         self,
@@ -118,22 +121,12 @@ class DemoHandlers:
         backend is torch, onnx or onnx-int8 and model a model name (None: the server's defaults); window_mode
         (past block_size) is exact or refill; unk_policy (characters outside the vocabulary) error, replace or drop.
         """
+        sent = locals()
         try:
-            request = self._parse(
-                prompt=prompt,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                seed=seed,
-                backend=self.default_backend if backend is None else backend,
-                model=self.default_model if model is None else model,
-                window_mode=window_mode,
-                unk_policy=unk_policy,
-            )
+            request = self._parse([sent[name] for name in FIELDS])
             last = None
             for p in throttle(stream_progress(self.registry, request, self.activity), self.stream_interval):
-                if p.text != last:
+                if p.text != last and (p.tokens or p.done):
                     last = p.text
                     yield p.text
         except DemoInputError as e:
@@ -142,45 +135,18 @@ class DemoHandlers:
             logger.exception("generation failed")
             raise gr.Error(f"generation failed: {type(e).__name__}: {e}", print_exception=False) from None
 
-    def ui_generate(
-        self,
-        prompt,
-        max_new_tokens,
-        temperature,
-        top_k,
-        top_p,
-        seed,
-        backend,
-        model,
-        window_mode,
-        replace,
-        ticket=None,
-        page: gr.Request = None,
-    ):
-        """The Generate button: yields (output: prompt + text so far, stats, status)."""
+    def ui_generate(self, page: gr.Request, ticket: str | None, *form):
+        """The Generate button (`form`: the `FIELDS`): yields (output: prompt + text so far, stats, status)."""
         if page is not None:
             self.stops.supersede((page.session_hash, "generate"), ticket)
         try:
-            request = self._parse(
-                prompt=prompt,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                seed=seed,
-                backend=backend,
-                model=model,
-                window_mode=window_mode,
-                unk_policy="replace" if replace else "error",
-            )
-            shown = clean_prompt(self.registry.vocab(request.model), request.prompt, request.unk_policy)
-            yield shown, "", "Generating…"
+            request = self._parse(form)
             progress = stream_progress(
                 self.registry, request, self.activity, should_stop=lambda: self.stops.is_stopped(ticket)
             )
             for p in throttle(progress, self.stream_interval):
                 status = "Stopped." if p.stopped else "Done." if p.done else "Generating…"
-                yield shown + p.text, format_stats(p, request), status
+                yield p.prompt + p.text, format_stats(p, request) if p.tokens or p.done else "", status
         except DemoInputError as e:
             gr.Warning(str(e))
             yield gr.skip(), "", f"⚠️ {e}"
@@ -190,16 +156,14 @@ class DemoHandlers:
         finally:
             self.stops.forget(ticket)
 
-    def ui_attention(self, prompt, model, replace, layer):
+    def ui_attention(self, prompt, model, unk_policy, layer):
         """After a run: (heat maps of `layer`, all weights for the layer selector, layer choices, caption)."""
         if not isinstance(prompt, str) or not prompt:
             return None, None, gr.skip(), ""
         try:
-            name = self.registry.resolve_model(model)
-            vocab = self.registry.vocab(name)
-            torch_model = self.registry.torch_model(name)
-            text = clean_prompt(vocab, prompt, "replace" if replace else "error")
-            weights = prompt_attention(torch_model, vocab.encode(text))  # (L, H, T, T)
+            loaded = self.registry.backend(self.registry.resolve_model(model), "torch")
+            ids = encode_prompt(loaded.vocab, prompt, unk_policy if unk_policy in ("replace", "drop") else "error")
+            weights = prompt_attention(loaded.backend.pretrained, ids)  # (L, H, T, T)
         except DemoInputError as e:
             return None, None, gr.skip(), f"No attention view: {e}"
         except ImportError as e:  # an ONNX-only install: the view needs the PyTorch model
@@ -229,37 +193,13 @@ class DemoHandlers:
             f"block_size {info['block_size']}{loss} · {ready}"
         )
 
-    def ui_compare(
-        self,
-        prompt,
-        max_new_tokens,
-        temperature,
-        top_k,
-        top_p,
-        seed,
-        backend,
-        window_mode,
-        replace,
-        ticket=None,
-        page: gr.Request = None,
-    ):
-        """Compare the ladder: yields (one text per ladder stage..., status)."""
+    def ui_compare(self, page: gr.Request, ticket: str | None, *form):
+        """Compare the ladder (`form`: the `FIELDS`, its model ignored): yields (one text per stage..., status)."""
         if page is not None:
             self.stops.supersede((page.session_hash, "compare"), ticket)
         skip_all = [gr.skip()] * len(self.ladder)
         try:
-            base = self._parse(
-                prompt=prompt,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                seed=seed,
-                backend=backend,
-                model=self.default_model,
-                window_mode=window_mode,
-                unk_policy="replace" if replace else "error",
-            )
+            base = self._parse(form)
             streams = [
                 self.registry.unavailable_reason(name, base.backend)
                 or stream_progress(
@@ -284,3 +224,7 @@ class DemoHandlers:
         self.stops.stop(generate_ticket, compare_ticket)  # runs still waiting in the queue
         if page is not None:
             self.stops.stop_page(page.session_hash)  # and the page's running ones, whichever ticket it holds now
+
+
+# The fields of a generation request, in the order the UI and `_parse` pass them: the /generate API's parameters.
+FIELDS = tuple(inspect.signature(DemoHandlers.generate).parameters)[1:]

@@ -2,9 +2,9 @@
 
 A `ModelRegistry` maps model names to folders (or to None: a model the demo expects, such as a ladder stage that
 has not been trained yet, so the UI can list it and say why it is missing). Nothing is loaded until asked for;
-then every (model, backend) pair is loaded exactly once, under a lock, and shared by all requests and threads:
+then every (model, backend) pair is loaded exactly once, under a lock, by the library's loader
+(`gpt_serve.generation.load_backend`, which checks the folder), and shared by all requests and threads:
 `TorchBackend` and `OnnxBackend` keep no per-request state (the KV cache travels with each generation).
-torch and onnxruntime are imported only by the backend that needs them.
 """
 
 from __future__ import annotations
@@ -13,21 +13,17 @@ import json
 import logging
 import re
 import threading
-import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpt_serve.models import DEFAULT_MODEL, MODELS_DIR
-from gpt_serve.vocab import VOCAB_FILE_NAME, CharVocab
+from gpt_serve.generation import BACKENDS, LoadedModel, load_backend
+from gpt_serve.models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
 
 logger = logging.getLogger(__name__)
 
-# key -> label. The keys are those of `gpt-serve generate --backend`; the labels are what the UI shows.
-BACKENDS = {"torch": "PyTorch", "onnx": "ONNX Runtime fp32", "onnx-int8": "ONNX Runtime int8"}
 _BACKEND_ALIASES = {"pytorch": "torch", "onnx-fp32": "onnx", "onnxruntime": "onnx", "fp32": "onnx", "int8": "onnx-int8"}
-LADDER_MODELS = ("ladder-a", "ladder-b", "ladder-c", "ladder-d", "ladder-e")
+LADDER_MODELS = tuple(LADDER)
 EXPECTED_MODELS = (DEFAULT_MODEL, *LADDER_MODELS)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -38,16 +34,6 @@ class DemoInputError(ValueError):
 
 class ModelUnavailable(DemoInputError):
     """The model or backend exists as a choice but cannot be served (not trained, not exported, not installed)."""
-
-
-@dataclass(frozen=True)
-class LoadedBackend:
-    """A backend ready for `gpt_serve.engine.stream_text`, with the vocabulary of its model folder."""
-
-    backend: Any
-    vocab: CharVocab
-    block_size: int
-    load_seconds: float
 
 
 def resolve_backend(value: Any) -> str:
@@ -69,7 +55,7 @@ def parse_model_dir(spec: str) -> tuple[str, Path]:
     if not sep or not _NAME_RE.match(name):
         name, path = Path(spec).name, spec
     folder = Path(path).expanduser()
-    if not (folder / "config.json").is_file():
+    if not is_model_folder(folder):
         raise ValueError(f"--model-dir {spec!r}: {folder} is not a model folder (no config.json in it)")
     if not _NAME_RE.match(name):
         raise ValueError(f"--model-dir {spec!r}: cannot name a model {name!r}; write NAME=PATH")
@@ -122,16 +108,15 @@ class ModelRegistry:
         expected: Iterable[str] = EXPECTED_MODELS,
         threads: int | None = 1,
     ) -> ModelRegistry:
-        """The models under `models_root` (folders holding a config.json), then `expected` names that are missing
+        """The models under `models_root` (`gpt_serve.models.discover`), then `expected` names that are missing
         (listed as unavailable), then the `model_dirs` (`NAME=PATH` or `PATH`), which win on a name clash."""
         folders: dict[str, Path | None] = {}
         root = Path(models_root) if models_root is not None else None
         if root is not None:
-            if not root.is_dir():
-                raise ValueError(f"--models-root {root} is not a directory")
-            for sub in sorted(root.iterdir()):
-                if (sub / "config.json").is_file():
-                    folders[sub.name] = sub
+            try:
+                folders.update(discover(root))
+            except ValueError:
+                raise ValueError(f"--models-root {root} is not a directory") from None
         for name in expected:
             folders.setdefault(name, None)
         for spec in model_dirs:
@@ -149,7 +134,7 @@ class ModelRegistry:
 
     @property
     def available(self) -> list[str]:
-        return [n for n, f in self.folders.items() if f is not None and (f / "config.json").is_file()]
+        return [n for n, f in self.folders.items() if f is not None and is_model_folder(f)]
 
     def default_model(self, preferred: str | None = None) -> str:
         """`preferred` if given, else the shipped default if present, else the first model present."""
@@ -169,7 +154,7 @@ class ModelRegistry:
         """The folder of a model; DemoInputError for an unknown name, ModelUnavailable for a missing folder."""
         name = self.resolve_model(name)
         folder = self.folders[name]
-        if folder is None or not (folder / "config.json").is_file():
+        if folder is None or not is_model_folder(folder):
             where = folder if folder is not None else self.models_root / name
             hint = " (the ladder models are trained by `python -m training.ladder`)" if name in LADDER_MODELS else ""
             raise ModelUnavailable(
@@ -187,11 +172,11 @@ class ModelRegistry:
             return str(e)
         if key != "torch":
             try:
-                from gpt_serve.onnx_backend import onnx_path
+                from gpt_serve.generation.onnx_backend import onnx_path
             except ImportError as e:
                 return (
-                    f"{BACKENDS[key]} is not available on this server: cannot import gpt_serve.onnx_backend ({e}); "
-                    f"install onnxruntime (pip install 'gpt-serve[onnx]')"
+                    f"{BACKENDS[key]} is not available on this server: cannot import "
+                    f"gpt_serve.generation.onnx_backend ({e}); install onnxruntime (pip install 'gpt-serve[onnx]')"
                 )
             path = onnx_path(folder, quantized=key == "onnx-int8")
             if not path.is_file():
@@ -205,67 +190,35 @@ class ModelRegistry:
         """What the UI shows about a model: its architecture (config.json) and, when the training wrote
         `metrics.jsonl`, its last validation loss (`val_loss`, None otherwise)."""
         folder = self.folder(name)
-        with open(folder / "config.json", encoding="utf-8") as f:
-            config = json.load(f)
+        try:
+            config = read_config(folder)
+        except ValueError as e:
+            raise ModelUnavailable(f"model {name!r} cannot be served: {e}") from None
         keys = ("block_size", "n_embd", "n_head", "n_layer", "vocab_size")
         return {**{k: config.get(k) for k in keys}, "val_loss": _last_val_loss(folder / "metrics.jsonl")}
 
     # ---- loading (once per key, shared) ----
 
-    def _load_once(self, key: tuple[str, str], load):
-        if key in self._loaded:
+    def backend(self, name: str, backend: str) -> LoadedModel:
+        """The shared backend for (model, backend), loaded on first use; ModelUnavailable when it cannot be."""
+        key = (name, resolve_backend(backend))
+        if key in self._loaded:  # the hot path: no file checks per request
             return self._loaded[key]
+        reason = self.unavailable_reason(*key)
+        if reason:
+            raise ModelUnavailable(reason)
+        folder = self.folder(name)
         with self._locks_lock:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self._loaded:
-                start = time.perf_counter()
-                self._loaded[key] = load()
-                logger.info("loaded %s/%s in %.2f s", *key, time.perf_counter() - start)
+                try:
+                    loaded = load_backend(folder, key[1], self.threads)
+                except (OSError, ValueError) as e:
+                    raise ModelUnavailable(f"{BACKENDS[key[1]]} cannot serve model {name!r}: {e}") from None
+                logger.info("loaded %s/%s in %.2f s", *key, loaded.load_seconds)
+                self._loaded[key] = loaded
             return self._loaded[key]
-
-    def vocab(self, name: str) -> CharVocab:
-        folder = self.folder(name)
-        return self._load_once((name, "vocab"), lambda: CharVocab.from_file(folder / VOCAB_FILE_NAME))
-
-    def torch_model(self, name: str):
-        """The model folder's `CharGPTForCausalLM` in eval mode (also used for the attention view)."""
-        folder = self.folder(name)
-
-        def load():
-            from gpt_serve import CharGPTForCausalLM
-
-            return CharGPTForCausalLM.from_pretrained(folder).eval()
-
-        return self._load_once((name, "torch-model"), load)
-
-    def backend(self, name: str, backend: str) -> LoadedBackend:
-        """The shared backend for (model, backend), loaded on first use; ModelUnavailable when it cannot be."""
-        key = resolve_backend(backend)
-        if (name, key) in self._loaded:  # the hot path: no file checks per request
-            return self._loaded[(name, key)]
-        reason = self.unavailable_reason(name, key)
-        if reason:
-            raise ModelUnavailable(reason)
-        folder = self.folder(name)
-        return self._load_once((name, key), lambda: self._load_backend(name, folder, key))
-
-    def _load_backend(self, name: str, folder: Path, key: str) -> LoadedBackend:
-        start = time.perf_counter()
-        if key == "torch":
-            from gpt_serve.torch_backend import TorchBackend
-
-            backend = TorchBackend(self.torch_model(name))
-            vocab = self.vocab(name)
-        else:
-            from gpt_serve.onnx_backend import OnnxBackend  # importable: unavailable_reason checked
-
-            try:
-                backend = OnnxBackend(folder, quantized=key == "onnx-int8", threads=self.threads)
-            except (FileNotFoundError, ValueError) as e:
-                raise ModelUnavailable(f"{BACKENDS[key]} cannot serve model {name!r}: {e}") from None
-            vocab = backend.vocab
-        return LoadedBackend(backend, vocab, int(backend.block_size), time.perf_counter() - start)
 
     def is_loaded(self, name: str, backend: str) -> bool:
         return (name, resolve_backend(backend)) in self._loaded

@@ -62,7 +62,7 @@ def build_parser(prog: str = "python -m export") -> argparse.ArgumentParser:
 
 
 def _load_text(path: Path | None) -> tuple[str, str]:
-    from training.data import load_text
+    from gpt_serve.corpus import load_text
 
     text = load_text(path)
     return text, f"{path.name if path else 'tinyshakespeare.txt'} (validation split)"

@@ -19,11 +19,10 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from gpt_serve.modeling_chargpt import CharGPTForCausalLM
-from gpt_serve.models import model_path
-from gpt_serve.onnx_backend import FP32_FILE_NAME, INT8_FILE_NAME, ONNX_SUBDIR, load_session, weights_sha256
-from gpt_serve.tokenization_chargpt import CharTokenizer
-from gpt_serve.vocab import VOCAB_FILE_NAME, CharVocab
+from gpt_serve.corpus import train_val_split
+from gpt_serve.generation import load_backend
+from gpt_serve.generation.onnx_backend import FP32_FILE_NAME, INT8_FILE_NAME, ONNX_SUBDIR, load_session, weights_sha256
+from gpt_serve.vocab import CharVocab
 
 from .onnx_export import EXPORTER, EXPORTER_VERSION, OPSET, export_fp32, metadata, quantize_int8, write_metadata
 from .validate import (
@@ -79,12 +78,9 @@ class ExportReport:
         return not self.failures
 
 
-def validation_ids(text: str, model_dir: Path, block_size: int) -> np.ndarray:
-    """The validation split of `text` as ids, split exactly as training splits it (`training.data.CharDataset`)."""
-    from training.data import CharDataset
-
-    dataset = CharDataset(text, CharTokenizer.from_pretrained(model_dir), block_size)
-    return dataset.splits["val"].numpy()
+def validation_ids(text: str, vocab: CharVocab) -> np.ndarray:
+    """The validation split of `text` as ids, split exactly as training splits it (`gpt_serve.corpus`)."""
+    return np.asarray(vocab.encode(train_val_split(text)[1]), dtype=np.int64)
 
 
 def export_model(
@@ -113,11 +109,10 @@ def export_model(
         val_tokens: about how many validation characters the loss is measured on.
         threads: ONNX Runtime intra-op threads for the checks (None: its default).
     """
-    folder = model_path(str(model_dir))
     if quantize and text is None:
         raise ValueError("the int8 check needs the validation text: pass text= (the training corpus) or quantize=False")
-    model = CharGPTForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    vocab = CharVocab.from_file(folder / VOCAB_FILE_NAME)
+    loaded = load_backend(model_dir, "torch")  # the library's checks of the folder, weights and vocabulary
+    folder, vocab, model = loaded.folder, loaded.vocab, loaded.backend.pretrained.float()
     report = ExportReport(folder, opset, atol=atol, versions=_versions())
     work = Path(tempfile.mkdtemp(prefix=".onnx-export-", dir=folder))
     try:
@@ -125,7 +120,7 @@ def export_model(
         start = time.perf_counter()
         sessions = _check_graphs(model, graphs, decode_steps, atol, threads, report)
         if quantize and report.passed:
-            _check_int8_loss(model, folder, sessions, text, text_source, int8_max_loss_increase, val_tokens, report)
+            _check_int8_loss(model, vocab, sessions, text, text_source, int8_max_loss_increase, val_tokens, report)
         report.seconds["validate"] = time.perf_counter() - start
         del sessions
         if report.passed:
@@ -185,9 +180,9 @@ def _check_graphs(model, graphs: dict[str, Path], decode_steps: int, atol: float
     return sessions
 
 
-def _check_int8_loss(model, folder, sessions, text, text_source, max_increase, val_tokens, report) -> None:
+def _check_int8_loss(model, vocab, sessions, text, text_source, max_increase, val_tokens, report) -> None:
     config = model.config
-    windows = eval_windows(validation_ids(text, folder, config.block_size), config.block_size, val_tokens)
+    windows = eval_windows(validation_ids(text, vocab), config.block_size, val_tokens)
     dims = (config.n_layer, config.n_head, config.head_size)
     fp32, int8 = (onnx_val_loss(sessions[w], windows, *dims) for w in ("fp32", "int8"))
     report.val_loss = ValLoss(text_source, int(windows[:, 1:].size), fp32, int8, max_increase)

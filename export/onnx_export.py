@@ -30,8 +30,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from gpt_serve import __version__
-from gpt_serve.modeling_chargpt import CharGPTForCausalLM
-from gpt_serve.onnx_backend import (
+from gpt_serve.generation.onnx_backend import (
     INPUT_NAMES,
     LOGITS_NAME,
     ONNX_FORMAT,
@@ -39,6 +38,7 @@ from gpt_serve.onnx_backend import (
     past_names,
     present_names,
 )
+from gpt_serve.modeling_chargpt import CharGPTForCausalLM
 from gpt_serve.vocab import CharVocab
 
 # Opset 17 is the first with a LayerNormalization op (one node instead of seven per LayerNorm) and is read by
@@ -102,35 +102,22 @@ def dynamic_axes(n_layer: int) -> dict[str, dict[int, str]]:
 
 
 @contextlib.contextmanager
-def lean_attention(head_size: int, opset: int = OPSET):
-    """While exporting, writes `F.scaled_dot_product_attention` as six ONNX nodes with a constant scale.
+def eager_attention(model: CharGPTForCausalLM):
+    """While exporting, the model runs the lesson's attention written out (`attn_implementation="eager"`).
 
-    The exporter's own translation derives the scale from the runtime shape of the query (Shape, Gather, Slice,
-    Cast, Sqrt, Div, Sqrt: seven scalar nodes per layer, which ONNX Runtime does not fold because the batch and
-    sequence dims are dynamic) and scales q and k separately. At batch 1 a decode step is a few hundred tiny
-    nodes, so each one costs: with this translation (which ONNX Runtime then fuses into one FusedMatMul) decode of
-    the 10.8M lesson model went from 487 to 584 tokens/s (fp32) and 970 to 1212 (int8), 2 threads, best of 5.
-    Same math, checked by `export.validate`.
-    Only the general path is handled (explicit additive float mask, no dropout); the tracing example takes it.
+    Traced, it is six ONNX nodes with a constant scale (MatMul, Mul, Add, Softmax, MatMul, and the key's
+    Transpose), which ONNX Runtime fuses. The SDPA path would trace to `aten::scaled_dot_product_attention`, whose
+    translation derives the scale from the query's runtime shape (seven scalar nodes per layer, not folded while
+    the batch and sequence dims are dynamic), and transformers' SDPA wrapper adds a runtime-shaped Reshape per
+    layer: at batch 1 a decode step is a few hundred tiny nodes, so each one costs (decode of the 10.8M lesson
+    model went from 487 to 584 tokens/s fp32 with the constant scale). Same math, checked by `export.validate`.
     """
-    from torch.onnx import register_custom_op_symbolic, unregister_custom_op_symbolic
-    from torch.onnx import symbolic_helper as sh
-
-    @sh.parse_args("v", "v", "v", "v", "f", "b", "v", "b")
-    def sdpa(g, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if is_causal or sh._is_none(attn_mask) or dropout_p or enable_gqa:
-            raise RuntimeError("lean_attention expects an explicit additive mask, no dropout, no GQA")
-        scale = head_size**-0.5 if sh._is_none(scale) else sh._get_const(scale, "f", "scale")
-        scores = g.op("MatMul", query, g.op("Transpose", key, perm_i=[0, 1, 3, 2]))  # (B, H, T, S)
-        scores = g.op("Mul", scores, g.op("Constant", value_t=torch.tensor(scale, dtype=torch.float32)))
-        weights = g.op("Softmax", g.op("Add", scores, attn_mask), axis_i=-1)  # (B, H, T, S)
-        return g.op("MatMul", weights, value)  # (B, H, T, head_size)
-
-    register_custom_op_symbolic("aten::scaled_dot_product_attention", sdpa, opset)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
     try:
         yield
     finally:
-        unregister_custom_op_symbolic("aten::scaled_dot_product_attention", opset)
+        model.set_attn_implementation(previous)
 
 
 def export_fp32(model: CharGPTForCausalLM, path: Path, values: dict[str, str], opset: int = OPSET) -> None:
@@ -138,7 +125,7 @@ def export_fp32(model: CharGPTForCausalLM, path: Path, values: dict[str, str], o
     (`static_reshapes`) and writes it to `path` with the metadata `values`, in one write."""
     model = model.float().eval()
     n_layer = model.config.n_layer
-    with warnings.catch_warnings(), lean_attention(model.config.head_size, opset):
+    with warnings.catch_warnings(), eager_attention(model):
         # Expected: the exporter's deprecation notice, and tracer warnings about the model's input checks
         # (`if bool(...)`) being frozen. The frozen branches are the general ones (see the module docstring).
         warnings.simplefilter("ignore")

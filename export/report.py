@@ -92,11 +92,10 @@ sha256, checked against `vocab.json` at load time.
 - Time: {times}.
 
 ```python
-from gpt_serve.engine import stream_text
-from gpt_serve.onnx_backend import OnnxBackend  # needs only numpy + onnxruntime
+from gpt_serve.generation import SamplingParams, load_backend, stream_text  # needs only numpy + onnxruntime
 
-backend = OnnxBackend("{name}", quantized=True, threads=2)
-print("".join(stream_text(backend, backend.vocab, "ROMEO:", 200, temperature=0.8, seed=0)))
+loaded = load_backend("{name}", "onnx-int8", threads=2)
+print("".join(stream_text(loaded.backend, loaded.vocab, "ROMEO:", 200, SamplingParams(temperature=0.8), seed=0)))
 ```
 {CARD_END}
 """

@@ -16,9 +16,9 @@ import onnxruntime as ort
 import torch
 from transformers.cache_utils import DynamicCache
 
-from gpt_serve.engine import left_pad
+from gpt_serve.generation.engine import left_pad
+from gpt_serve.generation.onnx_backend import INPUT_NAMES, LOGITS_NAME, past_names, present_names
 from gpt_serve.modeling_chargpt import CharGPTForCausalLM
-from gpt_serve.onnx_backend import INPUT_NAMES, LOGITS_NAME, past_names, present_names
 
 FP32_LOGITS_ATOL = 1e-4
 # int8 dynamic quantization may raise the validation loss by at most this much (nats per character). It is the

@@ -1,25 +1,39 @@
-"""gpt_serve: the "Let's build GPT" character-level GPT as a transformers model, with a KV-cache generation engine.
+"""gpt_serve: the "Let's build GPT" character-level GPT as a transformers model, with one generation engine.
 
-Importing the package registers `chargpt` with `AutoConfig`, `AutoModelForCausalLM` and `AutoTokenizer` when
-torch and transformers are installed. The ONNX Runtime path (`gpt_serve.onnx_backend`) needs neither: with only
-numpy and onnxruntime installed, importing it never imports torch.
+The package is three parts:
+
+- the transformers model: `CharGPTConfig`, `CharGPTForCausalLM`, `CharTokenizer` (`configuration_chargpt`,
+  `modeling_chargpt`, `tokenization_chargpt`; torch and transformers);
+- `gpt_serve.generation`: loading a model for a backend (`load_backend`), the token loop, sampling, and the
+  PyTorch and ONNX Runtime backends (numpy; torch only in the PyTorch backend);
+- `gpt_serve.models`: the shipped model folders, by name.
+
+`import gpt_serve` imports neither torch nor transformers, so the ONNX Runtime path stays torch-free even where
+torch is installed. The model classes are imported on first use (`gpt_serve.CharGPTForCausalLM`, or
+`from gpt_serve import CharGPTForCausalLM`), which also registers `chargpt` with transformers' `AutoConfig`,
+`AutoModelForCausalLM` and `AutoTokenizer`; `register_auto_classes()` does that explicitly.
 """
 
 from __future__ import annotations
 
-import importlib.util
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+_MODEL_CLASSES = {
+    "CharGPTConfig": "configuration_chargpt",
+    "CharGPTForCausalLM": "modeling_chargpt",
+    "CharTokenizer": "tokenization_chargpt",
+}
 
-def _torch_stack_available() -> bool:
-    try:
-        return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
-    except (ImportError, ValueError):
-        return False
+if TYPE_CHECKING:  # pragma: no cover
+    from .configuration_chargpt import CharGPTConfig
+    from .modeling_chargpt import CharGPTForCausalLM
+    from .tokenization_chargpt import CharTokenizer
 
 
-if _torch_stack_available():
+def register_auto_classes() -> None:
+    """Registers `chargpt` with transformers' Auto classes (idempotent; imports torch and transformers)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from .configuration_chargpt import CharGPTConfig
@@ -29,12 +43,21 @@ if _torch_stack_available():
     AutoConfig.register(CharGPTConfig.model_type, CharGPTConfig, exist_ok=True)
     AutoModelForCausalLM.register(CharGPTConfig, CharGPTForCausalLM, exist_ok=True)
     AutoTokenizer.register(CharGPTConfig, tokenizer_class=CharTokenizer, exist_ok=True)
-    # save_pretrained copies these modules next to the weights and writes `auto_map`, so the folder loads with
-    # trust_remote_code=True where gpt_serve is not installed.
-    CharGPTConfig.register_for_auto_class()
-    CharGPTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
-    CharTokenizer.register_for_auto_class("AutoTokenizer")
 
-    __all__ = ["CharGPTConfig", "CharGPTForCausalLM", "CharTokenizer", "__version__"]
-else:  # pragma: no cover - exercised by the torch-free subprocess test
-    __all__ = ["__version__"]
+
+def __getattr__(name: str):
+    if name in _MODEL_CLASSES:
+        import importlib
+
+        register_auto_classes()
+        value = getattr(importlib.import_module(f".{_MODEL_CLASSES[name]}", __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_MODEL_CLASSES])
+
+
+__all__ = ["CharGPTConfig", "CharGPTForCausalLM", "CharTokenizer", "register_auto_classes", "__version__"]

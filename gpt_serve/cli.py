@@ -2,29 +2,37 @@
 
     gpt-serve generate [MODEL] --prompt "ROMEO:" --max-new-tokens 300 [--backend torch|onnx|onnx-int8]
     gpt-serve models                  # the shipped models
-    gpt-serve train ...               # training/ (python -m training)
+    gpt-serve train ...               # the training pipeline (python -m training from a clone)
     gpt-serve ladder ...              # the lesson's loss ladder (python -m training.ladder)
     gpt-serve export MODEL ...        # ONNX export (python -m export)
     gpt-serve demo ...                # the Gradio demo (python -m demo)
 
-The application subcommands are imported only when used, so `generate --backend onnx` never imports torch.
+`generate` and `models` are the library's own. The other subcommands are the applications, which the library never
+imports: each registers itself as an entry point of the `gpt_serve.commands` group (see pyproject.toml), and only
+the one asked for is loaded, so `generate --backend onnx` never imports torch.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import itertools
 import sys
 import time
+from importlib.metadata import EntryPoint, entry_points
 
-APPS = {
-    "train": ("training.cli", "train a model (see `gpt-serve train --help`)"),
-    "ladder": ("training.ladder", "train the lesson's ladder stages and write the table"),
-    "export": ("export.cli", "export a model folder to ONNX and validate it"),
-    "demo": ("demo.cli", "launch the Gradio web demo"),
+from .generation import BACKENDS, WINDOW_MODES, SamplingParams, load_backend, stream_text
+from .models import DEFAULT_MODEL
+from .vocab import UNK_POLICIES
+
+COMMANDS_GROUP = "gpt_serve.commands"
+# What `gpt-serve --help` says of the applications' subcommands (loading one just for its help would import it).
+COMMAND_HELP = {
+    "train": "train a model (see `gpt-serve train --help`)",
+    "ladder": "train the lesson's ladder stages and write the table",
+    "export": "export a model folder to ONNX and validate it",
+    "demo": "launch the Gradio web demo",
 }
-BACKENDS = ("torch", "onnx", "onnx-int8")
+EXTRAS = {"train": "train", "ladder": "train", "export": "export", "demo": "demo"}
 
 
 def positive_int(text: str) -> int:
@@ -35,46 +43,37 @@ def positive_int(text: str) -> int:
     return value
 
 
-def load_backend(model: str, backend: str, threads: int | None = None):
-    """(backend, vocab) for a model name or folder; torch is imported only for the torch backend."""
-    from .models import model_path
+def app_commands() -> dict[str, EntryPoint]:
+    """The applications' subcommands installed with this package: name -> entry point (not loaded)."""
+    return {ep.name: ep for ep in entry_points(group=COMMANDS_GROUP)}
 
-    folder = model_path(model)
-    if backend == "torch":  # (OnnxBackend checks its own `threads`)
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"threads must be None (PyTorch's default) or an integer >= 1, got {threads!r}")
-        import torch
 
-        from . import CharGPTForCausalLM, CharTokenizer
-        from .torch_backend import TorchBackend
-
-        if threads is not None:
-            torch.set_num_threads(threads)
-        return TorchBackend(CharGPTForCausalLM.from_pretrained(folder)), CharTokenizer.from_pretrained(folder).vocab
-    if backend in ("onnx", "onnx-int8"):
-        from .onnx_backend import OnnxBackend
-
-        ort = OnnxBackend(folder, quantized=backend == "onnx-int8", threads=threads)
-        return ort, ort.vocab
-    raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+def _run_app(entry: EntryPoint, argv: list[str]) -> int:
+    try:
+        main = entry.load()
+    except ImportError as e:  # e.g. a torch-free install (`pip install --no-deps`) running `gpt-serve train`
+        extra = EXTRAS.get(entry.name, entry.name)
+        print(
+            f"gpt-serve {entry.name}: cannot import {e.name or 'a dependency'} ({e}); this command needs "
+            f"gpt-serve's {extra!r} extra: pip install 'gpt-serve[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
+    return main(argv)
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .engine import stream_text
-
     if args.refill_tokens is not None and args.window_mode != "refill":
         raise ValueError("--refill-tokens applies only with --window-mode refill")
-    backend, vocab = load_backend(args.model, args.backend, args.threads)
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.repetition_penalty)
+    loaded = load_backend(args.model, args.backend, args.threads)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     stream = stream_text(
-        backend,
-        vocab,
+        loaded.backend,
+        loaded.vocab,
         prompt,
         args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
+        sampling,
         seed=args.seed,
         window_mode=args.window_mode,
         refill_tokens=args.refill_tokens,
@@ -99,59 +98,60 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from .models import list_models, model_path
+    from .models import discover
 
-    for name in list_models():
-        print(f"{name:14s} {model_path(name)}")
+    for name, folder in discover().items():
+        print(f"{name:14s} {folder}")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(apps: dict[str, EntryPoint] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpt-serve", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="stream text from a model")
-    g.add_argument("model", nargs="?", default="shakespeare", help="shipped model name or model folder")
+    g = sub.add_parser(
+        "generate", help="stream text from a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    g.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="shipped model name or model folder")
     g.add_argument("--prompt", default="", help='the text to continue ("-" reads stdin; empty starts from a newline)')
-    g.add_argument("--max-new-tokens", type=int, default=500)
+    g.add_argument("--max-new-tokens", type=int, default=500, help="characters to generate")
     g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--top-k", type=int, default=None, help="keep the k most likely characters (none: all)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1 = off)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (none: random)")
     g.add_argument(
         "--window-mode",
-        choices=["exact", "refill"],
+        choices=WINDOW_MODES,
         default="exact",
         help="past block_size: exact lesson semantics, or faster cache refill",
     )
-    g.add_argument("--refill-tokens", type=int, default=None, help="tokens kept by --window-mode refill")
     g.add_argument(
-        "--unk-policy",
-        choices=["error", "drop", "replace"],
-        default=None,
-        help="characters outside the vocabulary (default: error)",
+        "--refill-tokens", type=int, default=None, help="tokens kept by --window-mode refill (none: block_size // 2)"
     )
-    g.add_argument("--backend", choices=BACKENDS, default="torch")
-    g.add_argument("--threads", type=positive_int, default=None, help="threads per forward pass (default: all)")
+    g.add_argument(
+        "--unk-policy", choices=UNK_POLICIES, default=None, help="characters outside the vocabulary (none: error)"
+    )
+    g.add_argument("--backend", choices=list(BACKENDS), default="torch", help="what computes the logits")
+    g.add_argument("--threads", type=positive_int, default=None, help="threads per forward pass (none: all)")
     g.add_argument("--no-echo", action="store_true", help="do not print the prompt before the continuation")
     g.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
     g.set_defaults(func=_generate)
     m = sub.add_parser("models", help="list the shipped models")
     m.set_defaults(func=_models)
-    for name, (_, help_text) in APPS.items():
-        sub.add_parser(name, help=help_text, add_help=False)
+    for name in apps if apps is not None else app_commands():
+        sub.add_parser(name, help=COMMAND_HELP.get(name, f"see `gpt-serve {name} --help`"), add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in APPS:
-        module = importlib.import_module(APPS[argv[0]][0])
-        return module.main(argv[1:])
-    args = build_parser().parse_args(argv)
+    apps = app_commands()
+    if argv and argv[0] in apps:
+        return _run_app(apps[argv[0]], argv[1:])
+    args = build_parser(apps).parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, OSError) as e:  # OSError: unreadable files (transformers' bad config.json)
+    except (ValueError, TypeError, OSError) as e:  # OSError: missing or unreadable files
         print(f"gpt-serve: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from .engine import WINDOW_MODES
-
 INIT_SCHEMES = ("normal", "pytorch")
 
 
@@ -21,8 +19,8 @@ class CharGPTConfig(PretrainedConfig):
         vocab_size (`int`, *optional*, defaults to 65):
             Number of characters in the vocabulary (rows of the token embedding and outputs of `lm_head`).
         block_size (`int`, *optional*, defaults to 256):
-            Context length: the number of learned positions. Generation past it slides the window
-            (see `window_mode`).
+            Context length: the number of learned positions. Generation past it slides the window (a generation
+            argument, `window_mode`: see `CharGPTForCausalLM.prepare_inputs_for_generation`).
         n_embd (`int`, *optional*, defaults to 384):
             Width of the residual stream (embedding size).
         n_head (`int`, *optional*, defaults to 6):
@@ -52,15 +50,6 @@ class CharGPTConfig(PretrainedConfig):
             Standard deviation of the `"normal"` init.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
             Epsilon of every LayerNorm.
-        window_mode (`str`, *optional*, defaults to `"exact"`):
-            What generation does once the text outgrows `block_size`. `"exact"`: the lesson's semantics, every
-            new token is conditioned on the last `block_size` tokens at positions `0..block_size-1` (a
-            full-window forward per token). `"refill"`: when the window is full, restart the KV cache from the
-            last `refill_tokens` tokens and decode incrementally until it is full again (much faster; different
-            but valid output).
-        refill_tokens (`int`, *optional*):
-            Tokens kept when `window_mode="refill"` restarts the cache; defaults to `block_size // 2`.
-            Must be in `[1, block_size - 1]`.
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether `forward` returns a KV cache (in eval mode) for incremental decoding.
     """
@@ -90,8 +79,6 @@ class CharGPTConfig(PretrainedConfig):
         init: str = "normal",
         initializer_range: float = 0.02,
         layer_norm_eps: float = 1e-5,
-        window_mode: str = "exact",
-        refill_tokens: int | None = None,
         use_cache: bool = True,
         **kwargs,
     ):
@@ -110,9 +97,7 @@ class CharGPTConfig(PretrainedConfig):
         self.init = init
         self.initializer_range = initializer_range
         self.layer_norm_eps = layer_norm_eps
-        self.window_mode = window_mode
         self.use_cache = use_cache
-        self.refill_tokens = refill_tokens if refill_tokens is not None else max(1, block_size // 2)
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
         self._validate()
@@ -142,15 +127,9 @@ class CharGPTConfig(PretrainedConfig):
             )
         if self.init not in INIT_SCHEMES:
             raise ValueError(f"init must be one of {INIT_SCHEMES}, got {self.init!r}")
-        if self.window_mode not in WINDOW_MODES:
-            raise ValueError(f"window_mode must be one of {WINDOW_MODES}, got {self.window_mode!r}")
-        if not isinstance(self.refill_tokens, int) or not 1 <= self.refill_tokens < max(2, self.block_size):
-            raise ValueError(
-                f"refill_tokens must be an integer in [1, block_size - 1] = [1, {self.block_size - 1}], "
-                f"got {self.refill_tokens!r}"
-            )
-        if self.block_size == 1 and self.window_mode == "refill":
-            raise ValueError("window_mode='refill' needs block_size >= 2")
 
 
-__all__ = ["CharGPTConfig", "WINDOW_MODES", "INIT_SCHEMES"]
+# save_pretrained copies this file into the folder and writes `auto_map` (for trust_remote_code=True).
+CharGPTConfig.register_for_auto_class()
+
+__all__ = ["CharGPTConfig", "INIT_SCHEMES"]

@@ -91,4 +91,7 @@ class CharTokenizer(PreTrainedTokenizer):
         return (path,)
 
 
+# save_pretrained copies this file (and vocab.py, which it imports) into the folder and writes `auto_map`.
+CharTokenizer.register_for_auto_class("AutoTokenizer")
+
 __all__ = ["CharTokenizer"]

@@ -1,7 +1,9 @@
-"""Shared fixtures: the Tiny Shakespeare corpus from ../shared/data and tiny models built on the spot."""
+"""Shared fixtures: the Tiny Shakespeare corpus from ../shared/data, tiny models built on the spot, and one of
+them exported to ONNX once per session."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -63,3 +65,19 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     make_tiny_model().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory, tiny_model_dir, corpus):
+    """(folder, report) of the tiny model (`make_tiny_model()`) exported with validation (fp32 + int8), once."""
+    from export.exporter import export_model
+
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path_factory.mktemp("exported") / "tiny"))
+    report = export_model(folder, text=corpus, text_source="tinyshakespeare.txt", threads=1, val_tokens=2048)
+    return folder, report
+
+
+@pytest.fixture(scope="session")
+def exported_dir(exported) -> Path:
+    """The exported tiny model's folder; tests that change files work on a copy (`shutil.copytree`)."""
+    return exported[0]

@@ -23,8 +23,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gpt_serve.corpus import load_text
+
 from .cli import invocation, program_name, setup_logging
-from .data import CharDataset, load_text
+from .data import CharDataset
 from .presets import LADDER_STAGES, LADDER_TOLERANCE, PRESETS
 from .report import read_metrics, save_val_curves
 from .trainer import TrainConfig, Trainer

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpt_serve.models import LADDER
+
 # Stages A-E of the lesson: batch 32, block 8, n_embd 32, lr 1e-3, 5000 iterations, no dropout, and PyTorch's
 # default init (the lesson's normal(0, 0.02) init came later; with it stage D stalls near 2.25).
 _LADDER_MODEL = dict(block_size=8, n_embd=32, dropout=0.0, init="pytorch")
@@ -52,7 +54,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "ladder-a",
             "Stage A: one self-attention head (head_size = n_embd = 32), straight into lm_head.",
-            "one self-attention head",
+            LADDER["ladder-a"],
             dict(_LADDER_MODEL, n_head=1, n_layer=1, attn_proj=False, ffwd_mult=0, residual=False, layer_norm=False),
             dict(_LADDER_TRAIN),
             2.4,
@@ -60,7 +62,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "ladder-b",
             "Stage B: 4 heads of 8 channels, concatenated, then an output projection Linear(32, 32).",
-            "4 heads x 8, concatenated, output projection",
+            LADDER["ladder-b"],
             dict(_LADDER_MODEL, n_head=4, n_layer=1, attn_proj=True, ffwd_mult=0, residual=False, layer_norm=False),
             dict(_LADDER_TRAIN),
             2.28,
@@ -68,7 +70,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "ladder-c",
             "Stage C: + a feed-forward Linear(32, 32) -> ReLU after the projected heads, no residual.",
-            "+ feed-forward Linear -> ReLU after attention",
+            LADDER["ladder-c"],
             dict(
                 _LADDER_MODEL,
                 n_head=4,
@@ -86,7 +88,7 @@ PRESETS: dict[str, Preset] = {
             "ladder-d",
             "Stage D: 3 blocks with residual connections; attention gets an output projection, the feed-forward "
             "is 4x wide with a projection back.",
-            "3 residual blocks, projections, 4x feed-forward",
+            LADDER["ladder-d"],
             dict(_LADDER_MODEL, n_head=4, n_layer=3, attn_proj=True, ffwd_mult=4, residual=True, layer_norm=False),
             dict(_LADDER_TRAIN),
             2.08,
@@ -94,7 +96,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "ladder-e",
             "Stage E: + pre-norm LayerNorm in each block and a final LayerNorm before lm_head.",
-            "+ pre-norm LayerNorm (and one before lm_head)",
+            LADDER["ladder-e"],
             dict(_LADDER_MODEL, n_head=4, n_layer=3, attn_proj=True, ffwd_mult=4, residual=True, layer_norm=True),
             dict(_LADDER_TRAIN),
             2.06,

@@ -138,12 +138,12 @@ def format_duration(seconds: float) -> str:
 
 
 def generate_sample(model, tokenizer, n_tokens: int, seed: int = 0) -> str:
-    from gpt_serve.engine import generate_text
-    from gpt_serve.torch_backend import TorchBackend
+    from gpt_serve.generation import generate_text
+    from gpt_serve.generation.torch_backend import TorchBackend
 
     if n_tokens <= 0:
         return ""
-    return generate_text(TorchBackend(model), tokenizer.vocab, "", max_new_tokens=n_tokens, temperature=1.0, seed=seed)
+    return generate_text(TorchBackend(model), tokenizer.vocab, "", n_tokens, seed=seed)  # temperature 1
 
 
 def write_model_card(trainer, result: dict) -> None:
@@ -237,8 +237,10 @@ Training: `{train_opts}`
 ## Use
 
 ```python
-import gpt_serve  # registers the model with the Auto classes
+import gpt_serve
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+gpt_serve.register_auto_classes()  # "chargpt" for the Auto classes
 
 model = AutoModelForCausalLM.from_pretrained("PATH")  # or trust_remote_code=True without gpt_serve
 tokenizer = AutoTokenizer.from_pretrained("PATH")

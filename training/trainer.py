@@ -20,10 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
+from gpt_serve.corpus import load_text
 
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .config import ARCH_KEYS, MODEL_KEYS, SCHEDULES, TrainConfig, lr_factor  # noqa: F401  (re-exported)
-from .data import CharDataset, load_text
+from .data import CharDataset
+from .kernels import use_cpu_training_kernels
 from .report import append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
 from .runtime import setup_runtime
 
@@ -49,6 +51,9 @@ class Trainer:
         self.dataset = CharDataset(text, self.tokenizer, self.model_config.block_size).to(self.rt.device)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = CharGPTForCausalLM(self.model_config).to(self.rt.device)
+        self.compiled = cfg.compile if cfg.compile is not None else self.rt.device.type == "cuda"
+        if self.rt.device.type == "cpu" and not self.compiled:
+            use_cpu_training_kernels(self.model)  # eager CPU training: the cheaper dropout paths (see `kernels`)
         if self.rt.ddp:
             torch.manual_seed(cfg.seed + 1 + self.rt.rank)  # but each rank its own dropout masks
         # Dropout draws from the global RNG: `fit` starts from this state, whatever ran in between.
@@ -67,7 +72,6 @@ class Trainer:
         if self.rt.ddp:
             ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
-        self.compiled = cfg.compile if cfg.compile is not None else self.rt.device.type == "cuda"
         self.forward_model = torch.compile(self.ddp_model) if self.compiled else self.ddp_model
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
@@ -327,7 +331,6 @@ class Trainer:
         }
         if self.rt.is_main:
             self.model.eval()
-            self.model.config.window_mode = "exact"
             self.model.save_pretrained(self.out)
             self.tokenizer.save_pretrained(self.out)
             write_model_card(self, result)

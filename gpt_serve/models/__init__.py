@@ -1,33 +1,90 @@
-"""The models shipped inside the package, found by name. Torch-free (the ONNX Runtime path uses it).
+"""Model folders: the models shipped inside the package, found by name, and what every folder must hold.
+
+Torch-free (the ONNX Runtime path uses it). A model folder is a `save_pretrained` folder: `config.json`, the
+weights (`model.safetensors`), the tokenizer files (`vocab.json`, `tokenizer_config.json`), `generation_config.json`,
+a model card and, once exported, `onnx/`. The shipped ones hold exactly that, data only; the code lives once, in
+`gpt_serve`.
 
     >>> from gpt_serve.models import model_path, list_models
-    >>> model_path("shakespeare")  # a save_pretrained folder (plus onnx/ once exported)
+    >>> model_path("shakespeare")  # the default model's folder
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
+from typing import Any
 
 MODELS_DIR = Path(__file__).resolve().parent
 DEFAULT_MODEL = "shakespeare"
+CONFIG_FILE_NAME = "config.json"
+MODEL_TYPE = "chargpt"
+# The lesson's ladder, shipped as `ladder-a` .. `ladder-e`: what each stage adds to the one before
+# (the training presets and the demo's comparison both show it).
+LADDER = {
+    "ladder-a": "one self-attention head",
+    "ladder-b": "4 heads x 8, concatenated, output projection",
+    "ladder-c": "+ feed-forward Linear -> ReLU after attention",
+    "ladder-d": "3 residual blocks, projections, 4x feed-forward",
+    "ladder-e": "+ pre-norm LayerNorm (and one before lm_head)",
+}
+
+
+def is_model_folder(path: str | os.PathLike) -> bool:
+    return (Path(path) / CONFIG_FILE_NAME).is_file()
+
+
+def discover(root: str | os.PathLike = MODELS_DIR) -> dict[str, Path]:
+    """name -> folder for every model folder directly under `root`, sorted by name, the default model first."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"{root} is not a directory")
+    folders = sorted((p for p in root.iterdir() if is_model_folder(p)), key=lambda p: (p.name != DEFAULT_MODEL, p.name))
+    return {p.name: p for p in folders}
 
 
 def list_models() -> list[str]:
-    """Names of the shipped models (folders holding a config.json), the default first."""
-    names = sorted(p.name for p in MODELS_DIR.iterdir() if (p / "config.json").is_file())
-    return sorted(names, key=lambda n: n != DEFAULT_MODEL)
+    """Names of the shipped models, the default first."""
+    return list(discover(MODELS_DIR))
 
 
-def model_path(name: str = DEFAULT_MODEL) -> Path:
-    """The folder of a shipped model; a path to an existing folder is returned as is."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"model name must be a non-empty string, got {name!r}")
+def model_path(name: str | os.PathLike = DEFAULT_MODEL) -> Path:
+    """The folder of a shipped model; a path to a model folder is returned as is."""
+    if not isinstance(name, (str, os.PathLike)) or not str(name):
+        raise ValueError(f"model must be a shipped model name or a model folder, got {name!r}")
     candidate = Path(name)
-    if candidate.is_dir() and (candidate / "config.json").is_file():
+    if is_model_folder(candidate):
         return candidate
-    folder = MODELS_DIR / name
-    if (folder / "config.json").is_file():
-        return folder
+    if isinstance(name, str) and is_model_folder(MODELS_DIR / name):
+        return MODELS_DIR / name
     if candidate.is_dir():
-        raise ValueError(f"{name} is a folder but not a model folder: it has no config.json")
-    raise ValueError(f"unknown model {name!r}: shipped models are {list_models()}, or pass a model folder path")
+        raise ValueError(f"{name} is a folder but not a model folder: it has no {CONFIG_FILE_NAME}")
+    raise ValueError(f"unknown model {str(name)!r}: shipped models are {list_models()}, or pass a model folder path")
+
+
+def read_config(folder: str | os.PathLike) -> dict[str, Any]:
+    """`config.json` of a model folder as a dict, with a clear error for a missing, unreadable or foreign file."""
+    path = Path(folder) / CONFIG_FILE_NAME
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON
+        raise ValueError(f"cannot read {path}: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object, got a {type(config).__name__}")
+    if config.get("model_type") != MODEL_TYPE:
+        raise ValueError(f"{path} is the config of a {config.get('model_type')!r} model, not a {MODEL_TYPE!r} one")
+    return config
+
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "LADDER",
+    "MODELS_DIR",
+    "discover",
+    "is_model_folder",
+    "list_models",
+    "model_path",
+    "read_config",
+]

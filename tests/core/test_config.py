@@ -22,7 +22,7 @@ def test_defaults_are_the_lesson_final_model():
 
 
 def test_round_trip(tmp_path):
-    cfg = CharGPTConfig(block_size=32, n_embd=64, n_head=4, n_layer=3, init="pytorch", window_mode="refill")
+    cfg = CharGPTConfig(block_size=32, n_embd=64, n_head=4, n_layer=3, init="pytorch")
     cfg.save_pretrained(tmp_path)
     again = CharGPTConfig.from_pretrained(tmp_path)
     assert again.to_dict() == cfg.to_dict()
@@ -38,8 +38,6 @@ def test_round_trip(tmp_path):
         (dict(ffwd_mult=-1), "ffwd_mult must be an integer >= 0"),
         (dict(ffwd_mult=4, ffwd_proj=False), "ffwd_proj=False needs ffwd_mult=1"),
         (dict(init="xavier"), "init must be one of"),
-        (dict(window_mode="slide"), "window_mode must be one of"),
-        (dict(block_size=16, refill_tokens=16), "refill_tokens must be an integer in \\[1, block_size - 1\\]"),
         (dict(vocab_size=2.5), "vocab_size must be a positive integer"),
     ],
 )

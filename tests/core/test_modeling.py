@@ -11,8 +11,8 @@ from conftest import make_tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TextIteratorStreamer, pipeline
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
-from gpt_serve.sampling import SamplingParams
-from gpt_serve.torch_backend import full_recompute_generate
+from gpt_serve.generation.sampling import SamplingParams
+from gpt_serve.generation.torch_backend import full_recompute_generate
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -99,10 +99,12 @@ def test_bad_forward_inputs_are_named(tiny_model):
         tiny_model(torch.tensor([[1, 70]]))
     with pytest.raises(ValueError, match="positions must lie in \\[0, block_size\\) = \\[0, 16\\)"):
         tiny_model(torch.zeros(1, 17, dtype=torch.long))
-    with pytest.raises(ValueError, match="input_ids is empty"):
+    with pytest.raises(ValueError, match="the input is empty"):
         tiny_model(torch.zeros(1, 0, dtype=torch.long))
-    with pytest.raises(ValueError, match="not `past_key_values`"):
-        tiny_model(torch.zeros(1, 2, dtype=torch.long), past_key_values=object())
+    with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
+        tiny_model(torch.zeros(1, 2, dtype=torch.long), inputs_embeds=torch.zeros(1, 2, 32))
+    with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
+        tiny_model()
     with pytest.raises(ValueError, match="attention_mask must have shape"):
         tiny_model(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 4))
 
@@ -182,17 +184,42 @@ def test_trust_remote_code_without_gpt_serve_installed(tmp_path, tiny_model_dir,
     assert result.stdout.splitlines()[0] == str(expected)
 
 
-def test_shipped_models_carry_the_current_module_files():
-    """The module files in a shipped folder (for trust_remote_code) are the package's own (`make sync-models`)."""
-    from pathlib import Path
+def test_shipped_folders_hold_data_only():
+    """The shipped folders carry no code and no `auto_map`: the package's modules are the only copy."""
+    import json
 
-    import gpt_serve
     from gpt_serve.models import list_models, model_path
 
-    package = Path(gpt_serve.__file__).parent
     assert "shakespeare" in list_models()
     for name in list_models():
-        copies = sorted(model_path(name).glob("*.py"))
-        assert copies, f"{name} has no module files"
-        for copy in copies:
-            assert copy.read_text() == (package / copy.name).read_text(), f"{name}/{copy.name} is stale"
+        folder = model_path(name)
+        assert not list(folder.rglob("*.py")), name
+        for config in ("config.json", "tokenizer_config.json"):
+            assert "auto_map" not in json.loads((folder / config).read_text()), (name, config)
+
+
+def test_save_pretrained_writes_the_remote_code_bundle(tmp_path, tiny_model, tokenizer):
+    tiny_model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    bundle = sorted(p.name for p in tmp_path.glob("*.py"))
+    assert bundle == ["configuration_chargpt.py", "modeling_chargpt.py", "tokenization_chargpt.py", "vocab.py"]
+
+
+def test_window_mode_is_a_generation_argument(tiny_model):
+    x = torch.tensor([[18, 47, 56]])
+    assert not hasattr(tiny_model.config, "window_mode") and "window_mode" not in tiny_model.config.to_dict()
+    with pytest.raises(ValueError, match="window_mode must be one of"):
+        tiny_model.generate(x, max_new_tokens=20, do_sample=False, window_mode="slide")
+    with pytest.raises(ValueError, match=r"refill_tokens must be an integer in \[1, 15\], got 16"):
+        tiny_model.generate(x, max_new_tokens=20, do_sample=False, window_mode="refill", refill_tokens=16)
+    n = 40
+    naive = full_recompute_generate(tiny_model, [18, 47, 56], n, GREEDY, window_mode="refill", refill_tokens=5)
+    out = tiny_model.generate(x, max_new_tokens=n, do_sample=False, window_mode="refill", refill_tokens=5)
+    assert out[0, 3:].tolist() == naive
+
+
+def test_window_modes_agree_with_the_generation_engine():
+    from gpt_serve.generation import WINDOW_MODES
+    from gpt_serve.modeling_chargpt import WINDOW_MODES as MODEL_WINDOW_MODES
+
+    assert MODEL_WINDOW_MODES == WINDOW_MODES

@@ -27,16 +27,15 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session")
-def models_root(tmp_path_factory, tiny_model_dir, corpus) -> Path:
+def models_root(tmp_path_factory, tiny_model_dir, exported) -> Path:
     """tiny (block_size 16, with onnx/model.onnx and onnx/model_quantized.onnx), ladder-a and ladder-b (block 8)."""
-    from export import export_model
     from gpt_serve import CharTokenizer
     from tests.conftest import make_tiny_model
 
     root = tmp_path_factory.mktemp("demo-models")
-    shutil.copytree(tiny_model_dir, root / "tiny")
-    report = export_model(root / "tiny", text=corpus, threads=1, val_tokens=2048)
+    folder, report = exported
     assert report.passed, report
+    shutil.copytree(folder, root / "tiny")
     tokenizer = CharTokenizer.from_pretrained(tiny_model_dir)
     for name, seed in LADDER_SEEDS.items():
         make_tiny_model(seed=seed, block_size=8, n_layer=1).save_pretrained(root / name)

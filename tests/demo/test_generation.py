@@ -20,12 +20,27 @@ from demo.generation import (
     stream_side_by_side,
     throttle,
 )
-from demo.registry import LoadedBackend
-from gpt_serve.engine import generate_text
+from demo.handlers import FIELDS
+from gpt_serve.generation import LoadedModel, SamplingParams, generate_text
 
 GOOD = dict(
-    prompt="ROMEO:", max_new_tokens=40, temperature=1.0, top_k=None, top_p=1.0, seed=3, backend="torch", model="tiny"
+    prompt="ROMEO:",
+    max_new_tokens=40,
+    temperature=1.0,
+    top_k=None,
+    top_p=1.0,
+    seed=3,
+    backend="torch",
+    model="tiny",
+    window_mode="exact",
+    unk_policy="error",
 )
+
+
+def form(**changes) -> list:
+    """The UI's inputs (in `FIELDS` order): GOOD with `changes`."""
+    values = {**GOOD, **changes}
+    return [values[name] for name in FIELDS]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +66,7 @@ def test_every_backend_streams_past_block_size(handlers, backend, window_mode):
 def test_demo_text_is_the_engines_text(handlers, registry):
     """Same seed -> the same text as the engine called directly; greedy ONNX fp32 matches greedy PyTorch."""
     loaded = registry.backend("tiny", "torch")
-    expected = generate_text(loaded.backend, loaded.vocab, "ROMEO:", 60, temperature=0.8, top_k=20, seed=7)
+    expected = generate_text(loaded.backend, loaded.vocab, "ROMEO:", 60, SamplingParams(0.8, top_k=20), seed=7)
     got = list(handlers.generate("ROMEO:", 60, temperature=0.8, top_k=20, seed=7, model="tiny"))[-1]
     assert got == expected
     greedy = [list(handlers.generate("JULIET:", 30, temperature=0, backend=b))[-1] for b in ("torch", "onnx")]
@@ -59,19 +74,20 @@ def test_demo_text_is_the_engines_text(handlers, registry):
 
 
 def test_progress_reports_stats(registry):
-    request = parse_request(registry, Limits(), **GOOD)
+    request = parse_request(registry, Limits(), GOOD)
     progress = list(stream_progress(registry, request))
-    assert [p.tokens for p in progress] == [*range(1, 41), 40]
-    assert [p.done for p in progress] == [False] * 40 + [True]
+    assert [p.tokens for p in progress] == [0, *range(1, 41), 40]  # the prompt encoded, each token, the end
+    assert [p.done for p in progress] == [False] * 41 + [True]
+    assert {p.prompt for p in progress} == {"ROMEO:"}
     last = progress[-1]
     assert 0 < last.time_to_first_token <= last.elapsed
     assert last.tokens_per_second > 0
-    assert progress[0].tokens_per_second is None  # one token: no decode speed yet
+    assert progress[1].tokens_per_second is None  # one token: no decode speed yet
 
 
 def test_throttle_keeps_first_latest_and_final():
     ticks = iter(range(0, 1000, 10))  # a fake clock in milliseconds, 10 ms per token
-    states = [Progress("x" * i, i, 0.0, 0.0, 0.0, done=i == 20) for i in range(1, 21)]
+    states = [Progress("", "x" * i, i, 0.0, 0.0, 0.0, done=i == 20) for i in range(1, 21)]
     kept = list(throttle(iter(states), interval=50, clock=lambda: next(ticks)))
     assert [p.tokens for p in kept] == [1, 6, 11, 16, 20]
 
@@ -90,12 +106,13 @@ def test_closing_the_stream_stops_the_compute(registry):
 
     class Registry(type(registry)):
         def backend(self, name, backend):
-            return LoadedBackend(Counting(), loaded.vocab, loaded.block_size, 0.0)
+            return LoadedModel(loaded.folder, "torch", Counting(), loaded.vocab, 0.0)
 
     counting = Registry(registry.folders, threads=1)
     activity = Activity()
-    request = parse_request(counting, Limits(), **{**GOOD, "max_new_tokens": 500})
+    request = parse_request(counting, Limits(), {**GOOD, "max_new_tokens": 500})
     stream = stream_progress(counting, request, activity)
+    assert next(stream).tokens == 0 and calls == []  # the prompt is encoded: no forward pass yet
     for _ in range(5):
         next(stream)
     assert activity.snapshot()["active"] == 1
@@ -135,23 +152,21 @@ def test_bad_input_gets_a_clear_error(handlers, bad, message):
     with pytest.raises(gr.Error) as api_error:
         list(handlers.generate(**kwargs))
     assert message in api_error.value.message
-    if "unk_policy" in bad:
-        return  # the UI offers only a checkbox (replace or not)
     # the UI shows the same message in its status line and keeps the previous output
-    ui = {k: v for k, v in kwargs.items() if k not in ("window_mode", "unk_policy")}
     with pytest.warns(UserWarning):  # gr.Warning outside a request becomes a Python warning
-        updates = list(handlers.ui_generate(*ui.values(), kwargs.get("window_mode", "exact"), False))
+        updates = list(handlers.ui_generate(None, None, *form(**bad)))
     assert updates[-1][2].startswith("⚠️") and message in updates[-1][2]
 
 
 def test_unknown_characters_can_be_replaced(handlers):
     assert len(list(handlers.generate("ROMEO: é", 20, seed=0, unk_policy="replace"))[-1]) == 20
-    updates = list(handlers.ui_generate("ROMEO: é", 20, 1.0, 0, 1.0, 0, "torch", "tiny", "exact", True))
+    replaced = form(prompt="ROMEO: é", max_new_tokens=20, unk_policy="replace")
+    updates = list(handlers.ui_generate(None, None, *replaced))
     assert updates[-1][0].startswith("ROMEO:  ") and updates[-1][2] == "Done."
 
 
 def test_ui_stream_shows_prompt_then_text_and_stats(handlers):
-    updates = list(handlers.ui_generate("ROMEO:", 30, 1.0, 0, 1.0, -1, "torch", "tiny", "exact", False))
+    updates = list(handlers.ui_generate(None, None, *form(max_new_tokens=30, seed=-1)))
     assert updates[0] == ("ROMEO:", "", "Generating…")
     text, stats, status = updates[-1]
     assert len(text) == len("ROMEO:") + 30 and status == "Done."
@@ -159,12 +174,12 @@ def test_ui_stream_shows_prompt_then_text_and_stats(handlers):
 
 
 def test_seed_minus_one_and_none_are_random(registry):
-    seeds = {parse_request(registry, Limits(), **{**GOOD, "seed": s}).seed for s in (None, -1, None, -1.0)}
+    seeds = {parse_request(registry, Limits(), {**GOOD, "seed": s}).seed for s in (None, -1, None, -1.0)}
     assert len(seeds) > 1
 
 
 def test_side_by_side_streams_every_stage(registry):
-    base = parse_request(registry, Limits(), **{**GOOD, "max_new_tokens": 25})
+    base = parse_request(registry, Limits(), {**GOOD, "max_new_tokens": 25})
     streams = [
         stream_progress(registry, dataclasses.replace(base, model="ladder-a")),
         "ladder-c is missing",
@@ -176,7 +191,7 @@ def test_side_by_side_streams_every_stage(registry):
 
 
 def test_ui_compare_runs_the_ladder(handlers):
-    updates = list(handlers.ui_compare("ROMEO:", 12, 1.0, 0, 1.0, 5, "torch", "exact", False))
+    updates = list(handlers.ui_compare(None, None, *form(max_new_tokens=12, seed=5)))
     a, b, c, d, e, _ = updates[-2]
     status = updates[-1][-1]  # the last update changes only the status
     assert len(a) == len(b) == 12
@@ -200,15 +215,15 @@ def test_backends_load_once_and_are_shared(models_root):
 
 def test_parse_request_rejects_unknown_model_before_loading(registry):
     with pytest.raises(DemoInputError, match="unknown model"):
-        parse_request(registry, Limits(), **{**GOOD, "model": "../etc"})
+        parse_request(registry, Limits(), {**GOOD, "model": "../etc"})
 
 
 def test_stop_requests_end_the_stream_after_the_current_token(registry):
     stops = StopRequests()
-    request = parse_request(registry, Limits(), **{**GOOD, "max_new_tokens": 500})
+    request = parse_request(registry, Limits(), {**GOOD, "max_new_tokens": 500})
     activity = Activity()
     stream = stream_progress(registry, request, activity, should_stop=lambda: stops.is_stopped("t1"))
-    for _ in range(3):
+    for _ in range(4):  # the encoded prompt, then three tokens
         next(stream)
     stops.stop("t1")
     rest = list(stream)
@@ -218,15 +233,15 @@ def test_stop_requests_end_the_stream_after_the_current_token(registry):
 
 def test_a_run_stopped_before_it_starts_generates_nothing(handlers):
     handlers.ui_stop("queued-ticket", "")  # Stop clicked while the run still waited in the queue
-    args = ("ROMEO:", 100, 1.0, 0, 1.0, 0, "torch", "tiny", "exact", False)
-    updates = list(handlers.ui_generate(*args, "queued-ticket"))
+    args = form(max_new_tokens=100, seed=0)
+    updates = list(handlers.ui_generate(None, "queued-ticket", *args))
     assert updates[-1] == ("ROMEO:", updates[-1][1], "Stopped.") and "**0** / 100 tokens" in updates[-1][1]
-    assert list(handlers.ui_generate(*args, "queued-ticket"))[-1][2] == "Done."  # tickets are forgotten at the end
+    assert list(handlers.ui_generate(None, "queued-ticket", *args))[-1][2] == "Done."  # tickets are forgotten
 
 
 def test_stop_ends_the_ladder_comparison(handlers):
     handlers.ui_stop("", "compare-ticket")
-    final = list(handlers.ui_compare("ROMEO:", 100, 1.0, 0, 1.0, 5, "torch", "exact", False, "compare-ticket"))[-1]
+    final = list(handlers.ui_compare(None, "compare-ticket", *form(max_new_tokens=100, seed=5)))[-1]
     assert final[-1] == "Stopped."
 
 
@@ -243,16 +258,16 @@ def test_generating_again_in_the_same_page_stops_the_previous_run(handlers):
     from types import SimpleNamespace
 
     page = SimpleNamespace(session_hash="page-1")
-    args = ("ROMEO:", 400, 1.0, 0, 1.0, 0, "torch", "tiny", "exact", False)
-    first = handlers.ui_generate(*args, "ticket-1", page=page)
+    args = form(max_new_tokens=400, seed=0)
+    first = handlers.ui_generate(page, "ticket-1", *args)
     for _ in range(3):
         next(first)
-    second = list(handlers.ui_generate(*args, "ticket-2", page=page))
+    second = list(handlers.ui_generate(page, "ticket-2", *args))
     assert second[-1][2] == "Done."
     assert list(first)[-1][2] == "Stopped."
-    other_page = handlers.ui_generate(*args, "ticket-3", page=SimpleNamespace(session_hash="page-2"))
+    other_page = handlers.ui_generate(SimpleNamespace(session_hash="page-2"), "ticket-3", *args)
     next(other_page)
-    list(handlers.ui_generate(*args, "ticket-4", page=SimpleNamespace(session_hash="page-3")))
+    list(handlers.ui_generate(SimpleNamespace(session_hash="page-3"), "ticket-4", *args))
     assert list(other_page)[-1][2] == "Done."  # other pages are not affected
 
 
@@ -260,7 +275,7 @@ def test_stop_stops_the_pages_running_stream_whatever_ticket_it_sends(handlers):
     from types import SimpleNamespace
 
     page = SimpleNamespace(session_hash="page-9")
-    run = handlers.ui_generate("ROMEO:", 400, 1.0, 0, 1.0, 0, "torch", "tiny", "exact", False, "t-running", page=page)
+    run = handlers.ui_generate(page, "t-running", *form(max_new_tokens=400, seed=0))
     next(run), next(run)
     handlers.ui_stop("t-newer", "", page=page)  # the page's ticket box was overwritten by an ignored click
     assert list(run)[-1][2] == "Stopped."

@@ -60,9 +60,8 @@ def test_missing_onnx_files_are_reported_without_loading(registry):
 
 
 def test_prompt_attention_is_causal_and_normalized(registry):
-    vocab = registry.vocab("tiny")
-    model = registry.torch_model("tiny")
-    weights = prompt_attention(model, vocab.encode("First Citizen:\nBefore we proceed"))
+    loaded = registry.backend("tiny", "torch")
+    weights = prompt_attention(loaded.backend.pretrained, loaded.vocab.encode("First Citizen:\nBefore we proceed"))
     assert weights.shape == (2, 4, 16, 16)  # (layers, heads, T, T): the last block_size = 16 characters
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
     assert np.all(np.triu(weights, k=1) == 0)

@@ -13,7 +13,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
-from gpt_serve.engine import generate_text
+from gpt_serve.generation import SamplingParams, generate_text
 from tests.demo.conftest import free_port, wait_idle, wait_until
 
 API_PARAMETERS = ["prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "backend", "model"]
@@ -55,7 +55,7 @@ def test_sixteen_concurrent_clients_all_get_complete_correct_outputs(server, reg
     assert [len(out) for out in outputs] == [200] * 16
     loaded = registry.backend("tiny", "torch")
     for i in (0, 5, 10, 15):  # each got its own stream: the text of its seed
-        assert outputs[i] == generate_text(loaded.backend, loaded.vocab, "ROMEO:", 200, temperature=0.8, seed=i)
+        assert outputs[i] == generate_text(loaded.backend, loaded.vocab, "ROMEO:", 200, SamplingParams(0.8), seed=i)
     assert server.activity.snapshot()["peak"] > 1, "requests ran one at a time"
     server.activity.peak = max(peak_before, server.activity.peak)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnx.numpy_helper
@@ -9,13 +12,12 @@ import pytest
 
 from export.cli import main
 from export.exporter import export_model
-from export.onnx_export import OPSET
+from export.onnx_export import OPSET, export_fp32
 from export.report import CARD_BEGIN, CARD_END, card_section, update_model_card
 from export.validate import compare_with_torch
-from gpt_serve.onnx_backend import load_session, onnx_path, past_names, present_names, weights_sha256
+from gpt_serve.generation.onnx_backend import load_session, onnx_path, past_names, present_names, weights_sha256
 from gpt_serve.vocab import CharVocab
 from tests.conftest import make_tiny_model
-from tests.export.conftest import copy_model_dir
 
 
 def test_export_of_tiny_model_passes_its_own_validation(exported):
@@ -65,21 +67,15 @@ def test_graph_io_names_dims_opset_and_metadata(exported_dir, quantized):
     assert meta["weights_sha256"] == weights_sha256(exported_dir) and len(meta["weights_sha256"]) == 64
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the TorchScript exporter, on purpose (see onnx_export)
-def test_lean_attention_is_used_and_then_unregistered(exported_dir, tmp_path):
-    import torch
-    import torch.nn.functional as F
-
-    ops = {node.op_type for node in onnx.load(str(onnx_path(exported_dir))).graph.node}
+def test_attention_exports_as_plain_nodes_with_a_constant_scale(exported_dir, tiny_model_dir, tmp_path):
+    ops = [node.op_type for node in onnx.load(str(onnx_path(exported_dir))).graph.node]
     assert "Sqrt" not in ops  # no runtime-derived attention scale
+    assert ops.count("Softmax") == 2  # one per layer of the tiny model
+    from gpt_serve import CharGPTForCausalLM
 
-    class Causal(torch.nn.Module):  # the exporter's own translation handles what lean_attention refuses
-        def forward(self, q):
-            return F.scaled_dot_product_attention(q, q, q, is_causal=True)
-
-    path = str(tmp_path / "causal.onnx")
-    torch.onnx.export(Causal(), (torch.randn(1, 2, 3, 4),), path, dynamo=False, opset_version=17)
-    assert "Sqrt" in {node.op_type for node in onnx.load(path).graph.node}
+    model = CharGPTForCausalLM.from_pretrained(tiny_model_dir)
+    export_fp32(model, tmp_path / "again.onnx", {})
+    assert model.config._attn_implementation == "sdpa"  # the export's eager attention is switched off again
 
 
 def test_head_reshapes_have_static_targets(exported_dir):
@@ -120,7 +116,7 @@ def test_export_validates_every_ladder_variant(tmp_path, tokenizer, corpus, over
 
 
 def test_fp32_only_export(tmp_path, tiny_model_dir):
-    folder = copy_model_dir(tiny_model_dir, tmp_path / "m")
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
     report = export_model(folder, quantize=False, threads=1)
     assert report.passed and report.val_loss is None and "int8" not in report.parity
     assert onnx_path(folder).is_file() and not onnx_path(folder, quantized=True).exists()
@@ -129,7 +125,7 @@ def test_fp32_only_export(tmp_path, tiny_model_dir):
 
 
 def test_cli_exports_prints_report_and_writes_model_card(tmp_path, tiny_model_dir, data_path, capsys):
-    folder = copy_model_dir(tiny_model_dir, tmp_path / "m")
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
     (folder / "README.md").write_text("# My model\n\nTrained on Shakespeare.\n", encoding="utf-8")
     argv = [str(folder), "--data", str(data_path), "--threads", "1", "--val-tokens", "1024"]
     assert main(argv) == 0
@@ -146,7 +142,7 @@ def test_cli_exports_prints_report_and_writes_model_card(tmp_path, tiny_model_di
 
 
 def test_cli_fails_above_the_int8_threshold_and_writes_nothing(tmp_path, tiny_model_dir, data_path, capsys):
-    folder = copy_model_dir(tiny_model_dir, tmp_path / "m")
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
     # Any int8 change (even an improvement smaller than 1 nat) exceeds a limit of -1.
     argv = [
         str(folder),

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from gpt_serve import CharTokenizer
-from training import data as data_mod
-from training.data import CharDataset, download_tiny_shakespeare, load_text
+from gpt_serve import corpus as data_mod
+from gpt_serve.corpus import download_tiny_shakespeare, load_text
+from training.data import CharDataset
 
 
 @pytest.fixture(scope="module")

@@ -140,10 +140,8 @@ def stream_text(
     vocab,
     prompt: str,
     max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float = 1.0,
-    repetition_penalty: float = 1.0,
+    sampling: SamplingParams | None = None,
+    *,
     seed: int | None = None,
     window_mode: str = "exact",
     refill_tokens: int | None = None,
@@ -152,16 +150,18 @@ def stream_text(
 ) -> Iterator[str]:
     """Yields the generated text piece by piece (one character per token); the prompt is not repeated.
 
-    `vocab` is a `CharVocab` (a `CharTokenizer`'s `.vocab`). `stop`, if given, is a character that ends the text
-    (it is yielded, then generation stops).
+    `vocab` is a `CharVocab` (`load_backend(...).vocab`, or a `CharTokenizer`'s `.vocab`); `sampling` is how tokens
+    are picked (default: plain sampling at temperature 1). `stop`, if given, is a character that ends the text (it
+    is yielded, then generation stops).
     """
-    sampling = SamplingParams(temperature, top_k, top_p, repetition_penalty)
     ids = encode_prompt(vocab, prompt, unk_policy)
     stop_ids = vocab.encode(stop) if stop else []
     for token in generate_tokens(backend, [ids], max_new_tokens, sampling, seed, window_mode, refill_tokens, stop_ids):
         yield vocab.decode(token[:1])
 
 
-def generate_text(backend: Backend, vocab, prompt: str, max_new_tokens: int, **kwargs) -> str:
+def generate_text(
+    backend: Backend, vocab, prompt: str, max_new_tokens: int, sampling: SamplingParams | None = None, **kwargs
+) -> str:
     """The whole continuation of `prompt` at once (see `stream_text`)."""
-    return "".join(stream_text(backend, vocab, prompt, max_new_tokens, **kwargs))
+    return "".join(stream_text(backend, vocab, prompt, max_new_tokens, sampling, **kwargs))

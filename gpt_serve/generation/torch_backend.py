@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..modeling_chargpt import CharGPTForCausalLM
 from .engine import window_keep
-from .modeling_chargpt import CharGPTForCausalLM
 from .sampling import SamplingParams, sample_next
 
 
@@ -99,13 +99,15 @@ class TorchBackend:
 
     On CPU the backend decodes through `decode_copy(model)`, which shares the model's weights but multiplies
     them by a decode-friendly path (`DecodeLinear`); `decode_layout=False` runs `model` itself (put in eval mode).
-    Inputs go to the model's device and logits come back as float32 numpy.
+    `self.pretrained` is `model` as given (in eval mode), for everything else (attention maps, export); `self.model`
+    is what decodes. Inputs go to the model's device and logits come back as float32 numpy.
     """
 
     def __init__(self, model: CharGPTForCausalLM, decode_layout: bool = True):
         self.device = next(model.parameters()).device
         self.dtype = model.get_input_embeddings().weight.dtype
-        self.model = decode_copy(model) if decode_layout and self.device.type == "cpu" else model.eval()
+        self.pretrained = model.eval()
+        self.model = decode_copy(model) if decode_layout and self.device.type == "cpu" else model
         config = model.config
         self.config = config
         self.block_size = config.block_size

@@ -1,13 +1,16 @@
 """The ONNX Runtime backend of the generation engine: torch-free inference from a model folder's ONNX export.
 
 This module imports only numpy, onnxruntime, the standard library and the torch-free parts of gpt_serve (vocab,
-engine, sampling, models), so numpy and onnxruntime are enough to generate text (`pip install numpy onnxruntime`,
-then `pip install --no-deps gpt-serve`):
+engine, sampling, models), so numpy and onnxruntime are enough to generate text, and torch is never imported
+even where it is installed (an import-linter contract and a test check both):
 
-    >>> from gpt_serve.engine import stream_text
-    >>> from gpt_serve.onnx_backend import OnnxBackend
+    >>> from gpt_serve.generation import SamplingParams, stream_text
+    >>> from gpt_serve.generation.onnx_backend import OnnxBackend
     >>> backend = OnnxBackend("shakespeare", quantized=True, threads=2)
-    >>> for piece in stream_text(backend, backend.vocab, "ROMEO:", 200, seed=0): print(piece, end="")
+    >>> for piece in stream_text(backend, backend.vocab, "ROMEO:", 200, SamplingParams(0.8), seed=0):
+    ...     print(piece, end="")
+
+`gpt_serve.generation.load_backend("shakespeare", "onnx-int8")` is the usual way in.
 
 It is also the one place that names the ONNX layout (file names, graph inputs/outputs, metadata keys); the
 exporter (`python -m export`) imports these names from here. The layout is Hugging Face's: the graphs live in
@@ -19,7 +22,6 @@ One graph serves prefill (an empty past) and decode.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from pathlib import Path
@@ -29,8 +31,8 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
-from .models import model_path
-from .vocab import VOCAB_FILE_NAME, CharVocab
+from ..models import model_path, read_config
+from ..vocab import VOCAB_FILE_NAME, CharVocab
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +129,7 @@ class OnnxCache:
 
 
 class OnnxBackend:
-    """Runs a model folder's ONNX export for the generation engine (`gpt_serve.engine`), without torch.
+    """Runs a model folder's ONNX export for the generation engine (`gpt_serve.generation.engine`), without torch.
 
     Args:
         model_dir: a model folder (holding `config.json`, `vocab.json` and `onnx/`), or the name of a shipped model
@@ -199,11 +201,7 @@ class OnnxBackend:
                 + EXPORT_HINT.format(model_dir=self.model_dir)
             )
         config_file = self.model_dir / "config.json"
-        try:
-            with open(config_file, encoding="utf-8") as f:
-                config = json.load(f)
-        except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON
-            raise ValueError(f"cannot read {config_file}: {e}") from None
+        config = read_config(self.model_dir)
         onnx_values = {k: int(self.metadata[k]) for k in CONFIG_KEYS_CHECKED}
         stale = {k: (config.get(k), v) for k, v in onnx_values.items() if config.get(k) != v}
         if stale:

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from gpt_serve.engine import generate_text, generate_tokens, stream_text
-from gpt_serve.sampling import SamplingParams, sample_next
-from gpt_serve.torch_backend import TorchBackend, full_recompute_generate
+from gpt_serve.generation.engine import generate_text, generate_tokens, stream_text
+from gpt_serve.generation.sampling import SamplingParams, sample_next
+from gpt_serve.generation.torch_backend import TorchBackend, full_recompute_generate
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = [18, 47, 56, 57, 58]
@@ -81,11 +81,9 @@ def test_empty_prompt_starts_from_a_newline(tiny_model, tokenizer):
 
 def test_stop_character_ends_the_text(tiny_model, tokenizer):
     backend = TorchBackend(tiny_model)
-    free = generate_text(backend, tokenizer.vocab, "ROMEO:", 60, temperature=0)
+    free = generate_text(backend, tokenizer.vocab, "ROMEO:", 60, GREEDY)
     stop = free[10]
-    assert (
-        generate_text(backend, tokenizer.vocab, "ROMEO:", 60, temperature=0, stop=stop) == free[: free.index(stop) + 1]
-    )
+    assert generate_text(backend, tokenizer.vocab, "ROMEO:", 60, GREEDY, stop=stop) == free[: free.index(stop) + 1]
 
 
 def test_closing_the_stream_stops_the_compute(tiny_model, tokenizer):
@@ -110,14 +108,24 @@ def test_unknown_characters_in_prompt(tiny_model, tokenizer):
 
 
 @pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(temperature=-0.5), "temperature must be a finite number >= 0"),
+        (dict(temperature=float("nan")), "temperature must be a finite number"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+        (dict(top_k=-3), "top_k must be None or an integer >= 0"),
+        (dict(repetition_penalty=0), "repetition_penalty must be a finite number > 0"),
+    ],
+)
+def test_bad_sampling_params_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        (dict(temperature=-0.5), ValueError, "temperature must be a finite number >= 0"),
-        (dict(temperature=float("nan")), ValueError, "temperature must be a finite number"),
-        (dict(top_p=0.0), ValueError, r"top_p must be in \(0, 1\]"),
-        (dict(top_p=1.5), ValueError, r"top_p must be in \(0, 1\]"),
-        (dict(top_k=-3), ValueError, "top_k must be None or an integer >= 0"),
-        (dict(repetition_penalty=0), ValueError, "repetition_penalty must be a finite number > 0"),
         (dict(max_new_tokens=-1), ValueError, r"max_new_tokens must be in \[0, 1000000\]"),
         (dict(max_new_tokens=10**9), ValueError, r"max_new_tokens must be in \[0, 1000000\]"),
         (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an integer"),
@@ -156,7 +164,7 @@ def test_sampler_temperature_zero_is_argmax_and_filters_apply():
 
 
 def test_decode_linear_matches_linear_and_shares_its_weight():
-    from gpt_serve.torch_backend import DecodeLinear
+    from gpt_serve.generation.torch_backend import DecodeLinear
 
     torch.manual_seed(0)
     for bias in (True, False):
@@ -176,7 +184,7 @@ def test_decode_linear_matches_linear_and_shares_its_weight():
 
 
 def test_torch_backend_decodes_through_a_copy_that_shares_the_weights(tiny_model):
-    from gpt_serve.torch_backend import DecodeLinear
+    from gpt_serve.generation.torch_backend import DecodeLinear
 
     backend = TorchBackend(tiny_model)
     assert isinstance(backend.model.lm_head, DecodeLinear)
@@ -199,3 +207,44 @@ def test_torch_backend_cache_errors(tiny_model):
     ids, mask = np.ones((1, 14), dtype=np.int64), np.ones((1, 17), dtype=np.int64)
     with pytest.raises(ValueError, match="the KVBuffer holds 16 positions, 17 were given"):
         backend.forward(ids, mask, np.arange(14)[None], cache)
+
+
+def reference_tokens(fake, prompt, n, window_mode="exact", refill_tokens=None):
+    """The window semantics written out, on the fake's own logits: the lesson's `idx[:, -block_size:]` for exact,
+    a restart from the last `refill_tokens` for refill, greedy."""
+    keep = fake.block_size if window_mode == "exact" else (refill_tokens or fake.block_size // 2)
+    ids, start = list(prompt), 0
+    for _ in range(n):
+        if len(ids) - start > fake.block_size:
+            start = len(ids) - keep
+        window = np.array([ids[start:]])
+        ids.append(int(fake.logits_of(window, np.ones_like(window)).argmax()))
+    return ids[len(prompt) :]
+
+
+@pytest.mark.parametrize("window_mode, refill_tokens", [("exact", None), ("refill", None), ("refill", 3)])
+def test_the_engine_keeps_the_window_semantics_on_a_fake_backend(fake, window_mode, refill_tokens):
+    prompt = [1, 2, 3]
+    got = tokens(fake, [prompt], 30, sampling=GREEDY, window_mode=window_mode, refill_tokens=refill_tokens)
+    assert got[0].tolist() == reference_tokens(fake, prompt, 30, window_mode, refill_tokens)
+    if window_mode == "exact":  # past the window every step is a full-window forward
+        assert fake.calls[-1] == (0, fake.block_size)
+    else:  # a refill, then cheap steps
+        assert (0, refill_tokens or 4) in fake.calls and fake.calls[-1][1] == 1
+
+
+def test_a_fake_left_padded_batch_equals_each_prompt_alone(fake):
+    prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
+    batch = tokens(fake, prompts, 20, sampling=GREEDY)
+    for row, prompt in zip(batch, prompts, strict=True):
+        assert row.tolist() == reference_tokens(fake, prompt, 20)
+
+
+def test_the_fake_engine_stops_and_seeds(fake):
+    free = tokens(fake, [[1, 2]], 20, sampling=GREEDY)[0].tolist()
+    stop = free[5]
+    stopped = tokens(fake, [[1, 2]], 20, sampling=GREEDY, stop_token_ids=[stop])[0].tolist()
+    assert stopped == free[: free.index(stop) + 1]
+    assert list(generate_tokens(fake, [[1]], 0)) == []
+    sampled = [tokens(fake, [[3]], 25, sampling=SamplingParams(2.0), seed=s)[0].tolist() for s in (1, 1, 2)]
+    assert sampled[0] == sampled[1] != sampled[2]

@@ -1,15 +1,20 @@
-"""The CPU training kernels in modeling_chargpt: the cheaper dropout mask and the blocked attention with dropout."""
+"""The CPU training kernels (training.kernels): the cheaper dropout mask and the blocked attention with dropout,
+and how the trainer switches them in."""
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_tiny_model
 
-from gpt_serve.modeling_chargpt import (
-    Dropout,
+from gpt_serve import CharGPTForCausalLM
+from gpt_serve.modeling_chargpt import causal_bias
+from training.kernels import (
+    CPU_ATTENTION,
+    FastDropout,
     _AttentionWithDropout,
     attention_with_dropout,
-    causal_bias,
     dropout_mask,
+    use_cpu_training_kernels,
 )
 
 
@@ -23,12 +28,12 @@ def test_dropout_mask_rate_and_scale():
     assert not drop.any() and scale == 1.0
     with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\), got 1.0"):
         dropout_mask((2,), 1.0, "cpu")
-    assert torch.equal(Dropout(1.0).train()(torch.ones(3)), torch.zeros(3))  # nn.Dropout's own p=1 path
+    assert torch.equal(FastDropout(1.0).train()(torch.ones(3)), torch.zeros(3))  # nn.Dropout's own p=1 path
 
 
 def test_dropout_module_keeps_the_expectation_and_is_off_in_eval():
     torch.manual_seed(0)
-    module, x = Dropout(0.1), torch.ones(1000, 1000)
+    module, x = FastDropout(0.1), torch.ones(1000, 1000)
     y = module.train()(x)
     assert (y == 0).float().mean().item() == pytest.approx(0.1, abs=2e-3)
     assert y.mean().item() == pytest.approx(1.0, abs=5e-3)
@@ -84,7 +89,7 @@ def test_attention_with_nothing_dropped_equals_sdpa():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_training_forward_on_cpu_runs_the_kernel(monkeypatch, tiny_model):
+def test_training_forward_on_cpu_runs_the_kernel(monkeypatch):
     calls = []
     original = _AttentionWithDropout.forward
 
@@ -93,12 +98,37 @@ def test_training_forward_on_cpu_runs_the_kernel(monkeypatch, tiny_model):
         return original(ctx, *args)
 
     monkeypatch.setattr(_AttentionWithDropout, "forward", staticmethod(spy))
-    tiny_model.config.dropout = 0.1
-    for block in tiny_model.blocks:
-        block.sa.dropout = 0.1
-    tiny_model.train()
+    model = make_tiny_model(dropout=0.1)
+    use_cpu_training_kernels(model)
+    assert model.config._attn_implementation == CPU_ATTENTION
+    assert all(type(m) is not torch.nn.Dropout for m in model.modules())
+    model.train()
     x = torch.randint(0, 65, (2, 16))
-    loss = tiny_model(x, labels=x, use_cache=False).loss
+    loss = model(x, labels=x, use_cache=False).loss
     loss.backward()
-    assert calls == [0.1] * tiny_model.config.n_layer
-    assert all(p.grad is not None for p in tiny_model.blocks[0].sa.qkv.parameters())
+    assert calls == [0.1] * model.config.n_layer
+    assert all(p.grad is not None for p in model.blocks[0].sa.qkv.parameters())
+    calls.clear()
+    model.eval()  # evaluation takes SDPA: the same logits as a model without the kernels
+    reference = make_tiny_model(dropout=0.1)
+    torch.testing.assert_close(model(x).logits, reference(x).logits, rtol=0, atol=1e-6)
+    assert calls == []
+
+
+def test_the_kernels_leave_no_trace_in_a_saved_folder(tmp_path):
+    model = make_tiny_model(dropout=0.1)
+    use_cpu_training_kernels(model)
+    model.save_pretrained(tmp_path)
+    assert CPU_ATTENTION not in (tmp_path / "config.json").read_text()
+    loaded = CharGPTForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config._attn_implementation == "sdpa"
+    assert all(type(m) is not FastDropout for m in loaded.modules())
+
+
+def test_the_trainer_uses_the_kernels_on_cpu_only_when_eager(make_config, tmp_path):
+    from training.trainer import Trainer
+
+    trainer = Trainer(make_config(tmp_path / "a", model={"dropout": 0.1}))
+    assert trainer.model.config._attn_implementation == CPU_ATTENTION
+    trainer = Trainer(make_config(tmp_path / "b", model={"dropout": 0.1}, compile=True))
+    assert trainer.model.config._attn_implementation == "sdpa"

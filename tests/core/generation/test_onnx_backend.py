@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
-from gpt_serve.engine import generate_tokens, stream_text
+from gpt_serve.generation.engine import generate_tokens, stream_text
+from gpt_serve.generation.onnx_backend import OnnxBackend, onnx_path
+from gpt_serve.generation.sampling import SamplingParams
+from gpt_serve.generation.torch_backend import TorchBackend, full_recompute_generate
 from gpt_serve.models import DEFAULT_MODEL, list_models, model_path
-from gpt_serve.onnx_backend import OnnxBackend, onnx_path
-from gpt_serve.sampling import SamplingParams
-from gpt_serve.torch_backend import TorchBackend, full_recompute_generate
 from tests.conftest import make_tiny_model
-from tests.export.conftest import copy_model_dir
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -78,9 +79,9 @@ def test_sampled_tokens_with_the_same_seed_match_pytorch(onnx_backend, torch_bac
 
 
 def test_stream_text_matches_pytorch(onnx_backend, torch_backend):
-    kwargs = dict(temperature=0.8, seed=7, window_mode="refill")
-    ours = list(stream_text(onnx_backend, onnx_backend.vocab, "ROMEO:", 40, **kwargs))
-    theirs = list(stream_text(torch_backend, onnx_backend.vocab, "ROMEO:", 40, **kwargs))
+    kwargs = dict(seed=7, window_mode="refill")
+    ours = list(stream_text(onnx_backend, onnx_backend.vocab, "ROMEO:", 40, SamplingParams(0.8), **kwargs))
+    theirs = list(stream_text(torch_backend, onnx_backend.vocab, "ROMEO:", 40, SamplingParams(0.8), **kwargs))
     assert ours == theirs and len(ours) == 40 and all(len(piece) == 1 for piece in ours)
 
 
@@ -131,7 +132,7 @@ def test_missing_onnx_file_says_how_to_export(tiny_model_dir):
 
 
 def test_missing_int8_file(tmp_path, exported_dir):
-    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    folder = Path(shutil.copytree(exported_dir, tmp_path / "m"))
     onnx_path(folder, quantized=True).unlink()
     OnnxBackend(folder, threads=1)  # fp32 still loads
     with pytest.raises(FileNotFoundError, match="model_quantized.onnx"):
@@ -140,7 +141,7 @@ def test_missing_int8_file(tmp_path, exported_dir):
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_truncated_or_corrupt_onnx_file(tmp_path, exported_dir, damage):
-    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    folder = Path(shutil.copytree(exported_dir, tmp_path / "m"))
     path = onnx_path(folder)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not an onnx model\x00\xff" * 100)
@@ -149,7 +150,7 @@ def test_truncated_or_corrupt_onnx_file(tmp_path, exported_dir, damage):
 
 
 def test_mismatched_vocabulary_is_refused(tmp_path, exported_dir):
-    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    folder = Path(shutil.copytree(exported_dir, tmp_path / "m"))
     mapping = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
     a, b = "a", "b"
     mapping[a], mapping[b] = mapping[b], mapping[a]  # same size, two ids swapped: text would decode wrongly
@@ -164,7 +165,7 @@ def test_mismatched_vocabulary_is_refused(tmp_path, exported_dir):
 
 
 def test_stale_export_is_refused(tmp_path, exported_dir):
-    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    folder = Path(shutil.copytree(exported_dir, tmp_path / "m"))
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     config["block_size"] = 32
     (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
@@ -173,14 +174,14 @@ def test_stale_export_is_refused(tmp_path, exported_dir):
 
 
 def test_unreadable_config_is_named(tmp_path, exported_dir):
-    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    folder = Path(shutil.copytree(exported_dir, tmp_path / "m"))
     (folder / "config.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(ValueError, match=f"cannot read {re.escape(str(folder / 'config.json'))}: Expecting"):
         OnnxBackend(folder)
 
 
 def test_export_of_other_weights_is_refused(tmp_path, exported_dir):
-    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    folder = Path(shutil.copytree(exported_dir, tmp_path / "m"))
     make_tiny_model(seed=5).save_pretrained(folder)  # retrained after the export: same config, new weights
     with pytest.raises(ValueError, match="exported from other weights"):
         OnnxBackend(folder)
@@ -189,7 +190,7 @@ def test_export_of_other_weights_is_refused(tmp_path, exported_dir):
 
 
 def test_onnx_file_without_metadata_is_refused(tmp_path, exported_dir):
-    folder = copy_model_dir(exported_dir, tmp_path / "m")
+    folder = Path(shutil.copytree(exported_dir, tmp_path / "m"))
     proto = onnx.load(str(onnx_path(folder)))
     del proto.metadata_props[:]
     onnx.save(proto, str(onnx_path(folder)))

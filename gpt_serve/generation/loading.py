@@ -1,0 +1,120 @@
+"""The one way in: `load_backend(model, backend, threads)` turns a model name or folder into a ready backend.
+
+Every application (the `gpt-serve` CLI, the demo, the export, the benchmarks) loads models through it, so every
+backend gets the same checks of the folder before anything runs:
+
+- the folder is a model folder, and its `config.json` is readable and a chargpt config;
+- `vocab.json` is readable and as long as the model's vocabulary (`vocab_size`);
+- torch: `model.safetensors` exists, is readable, and holds exactly the model's tensors, in the right shapes
+  (transformers would otherwise load a folder of unrelated weights with everything "newly initialized");
+- ONNX Runtime: the graph exists, loads, and was exported from this folder's vocabulary, config and weights
+  (`OnnxBackend` checks its metadata).
+
+torch is imported only for the `torch` backend: the ONNX Runtime path needs numpy and onnxruntime alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..models import model_path, read_config
+from ..vocab import VOCAB_FILE_NAME, CharVocab
+from .engine import Backend
+
+# key -> what the UI shows. The keys are what `gpt-serve generate --backend`, the demo and the APIs take.
+BACKENDS = {"torch": "PyTorch", "onnx": "ONNX Runtime fp32", "onnx-int8": "ONNX Runtime int8"}
+WEIGHTS_FILE_NAME = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A backend ready for the engine (`stream_text(loaded.backend, loaded.vocab, ...)`), and where it came from."""
+
+    folder: Path
+    backend_key: str
+    backend: Backend
+    vocab: CharVocab
+    load_seconds: float
+
+    @property
+    def block_size(self) -> int:
+        return int(self.backend.block_size)
+
+
+def check_backend_key(key: object) -> str:
+    """`key` if it names a backend (see `BACKENDS`); a ValueError listing them otherwise."""
+    if not isinstance(key, str) or key not in BACKENDS:
+        raise ValueError(f"unknown backend {key!r}; choose one of {list(BACKENDS)}")
+    return key
+
+
+def check_threads(threads: object) -> int | None:
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be None (the runtime's default) or an integer >= 1, got {threads!r}")
+    return threads
+
+
+def load_backend(
+    model: str | os.PathLike = "shakespeare", backend: str = "torch", threads: int | None = None
+) -> LoadedModel:
+    """Loads a shipped model (by name) or a model folder for `backend` (`"torch"`, `"onnx"` or `"onnx-int8"`).
+
+    `threads`: intra-op threads per forward pass (None: the runtime's default). For PyTorch the count is
+    process-wide (`torch.set_num_threads`); each ONNX Runtime session has its own.
+
+    Raises:
+        ValueError: an unknown model or backend, or a folder whose files are missing, corrupt or do not match
+            each other (the message names the file and what is wrong).
+        FileNotFoundError: a file the backend needs is missing (the message says how to make it).
+    """
+    start = time.perf_counter()
+    key = check_backend_key(backend)
+    threads = check_threads(threads)
+    folder = model_path(model)
+    config = read_config(folder)
+    vocab = CharVocab.from_file(folder / VOCAB_FILE_NAME)
+    if len(vocab) != config.get("vocab_size"):
+        raise ValueError(
+            f"{folder / VOCAB_FILE_NAME} has {len(vocab)} characters but {folder / 'config.json'} says the model "
+            f"has vocab_size {config.get('vocab_size')}: the vocabulary is not the model's"
+        )
+    if key == "torch":
+        runner = _torch_backend(folder, threads)
+    else:
+        from .onnx_backend import OnnxBackend
+
+        runner = OnnxBackend(folder, quantized=key == "onnx-int8", threads=threads)
+    return LoadedModel(folder, key, runner, vocab, time.perf_counter() - start)
+
+
+def _torch_backend(folder: Path, threads: int | None):
+    import torch
+
+    from .. import CharGPTForCausalLM
+    from .torch_backend import TorchBackend
+
+    weights = folder / WEIGHTS_FILE_NAME
+    if not weights.is_file():
+        found = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".safetensors"))
+        raise FileNotFoundError(
+            f"{folder} has no {WEIGHTS_FILE_NAME} (found: {found or 'no weights'}); save the model with "
+            f"save_pretrained, which writes it. Pickled weights (pytorch_model.bin) are not loaded: they can run code."
+        )
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        model, info = CharGPTForCausalLM.from_pretrained(folder, use_safetensors=True, output_loading_info=True)
+    except (OSError, RuntimeError, ValueError) as e:  # SafetensorError is an Exception: caught below
+        raise ValueError(f"cannot load the weights in {weights}: {type(e).__name__}: {str(e)[:300]}") from None
+    except Exception as e:
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise ValueError(f"{weights} is truncated or corrupt ({e}); save the model again") from None
+    problems = {k: info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys") if info.get(k)}
+    if problems:
+        shown = "; ".join(f"{k.replace('_', ' ')}: {sorted(map(str, v))[:5]}" for k, v in problems.items())
+        raise ValueError(f"{weights} does not hold this model's weights ({shown})")
+    return TorchBackend(model)

@@ -1,0 +1,97 @@
+"""CharGPTForCausalLM behaves like an in-tree transformers model: loss, cache alias, inputs_embeds, gradient
+checkpointing, attention implementations, torch.compile(fullgraph=True), base_model."""
+
+import pytest
+import torch
+from conftest import make_tiny_model
+from transformers.loss.loss_utils import ForCausalLMLoss
+
+from gpt_serve import CharGPTForCausalLM
+
+
+def test_the_loss_is_transformers_causal_lm_loss(tiny_model):
+    x = torch.randint(0, 65, (3, 10))
+    labels = x.clone()
+    labels[0, :4] = -100
+    out = tiny_model(x, labels=labels, use_cache=False)
+    torch.testing.assert_close(out.loss, ForCausalLMLoss(out.logits, labels, 65), rtol=0, atol=0)
+    # Trainer's gradient accumulation passes the token count of the whole batch: the loss is a sum over it
+    summed = tiny_model(x, labels=labels, use_cache=False, num_items_in_batch=100).loss
+    valid = int((labels[:, 1:] != -100).sum())
+    torch.testing.assert_close(summed, out.loss * valid / 100, rtol=1e-6, atol=1e-6)
+    # pre-shifted labels (shift_labels) give the same loss
+    shifted = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+    again = tiny_model(x, labels=labels, shift_labels=shifted, use_cache=False).loss
+    torch.testing.assert_close(again, out.loss, rtol=1e-6, atol=1e-6)
+
+
+def test_past_key_values_is_a_deprecated_name_of_cache(tiny_model):
+    x = torch.randint(0, 65, (1, 9))
+    first = tiny_model(x[:, :5], use_cache=True)
+    by_new_name = tiny_model(x[:, 5:], cache=first.cache).logits
+    first = tiny_model(x[:, :5], use_cache=True)
+    with pytest.warns(FutureWarning, match="past_key_values"):
+        by_old_name = tiny_model(x[:, 5:], past_key_values=first.cache).logits
+    torch.testing.assert_close(by_old_name, by_new_name, rtol=0, atol=0)
+
+
+def test_inputs_embeds_give_the_same_logits_as_input_ids(tiny_model):
+    x = torch.randint(0, 65, (2, 12))
+    mask = torch.ones_like(x)
+    mask[1, :3] = 0
+    embeds = tiny_model.get_input_embeddings()(x.masked_fill(mask == 0, 0))
+    a = tiny_model(input_ids=x, attention_mask=mask, use_cache=False).logits
+    b = tiny_model(inputs_embeds=embeds, attention_mask=mask, use_cache=False).logits
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    x = torch.randint(0, 65, (2, 16))
+    grads = []
+    for checkpointing in (False, True):
+        model = make_tiny_model().train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+            assert all(block.gradient_checkpointing for block in model.blocks)
+        model(x, labels=x).loss.backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_eager_attention_is_used_when_asked_and_matches_sdpa(tmp_path, tiny_model, padded):
+    import gpt_serve.modeling_chargpt as modeling
+
+    tiny_model.save_pretrained(tmp_path)
+    eager = CharGPTForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert eager.config._attn_implementation == "eager" and tiny_model.config._attn_implementation == "sdpa"
+    x = torch.randint(0, 65, (2, 12))
+    mask = torch.ones_like(x)
+    if padded:
+        mask[0, :4] = 0
+    calls = []
+    original = modeling.eager_attention
+    modeling.ALL_ATTENTION_FUNCTIONS.register("spy_eager", lambda *a, **k: calls.append(1) or original(*a, **k))
+    eager.set_attn_implementation("spy_eager")
+    a = eager(x, attention_mask=mask, use_cache=False).logits
+    b = tiny_model(x, attention_mask=mask, use_cache=False).logits
+    assert len(calls) == eager.config.n_layer
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_compiles_as_one_graph_with_an_attention_mask(tiny_model):
+    x = torch.randint(0, 65, (2, 12))
+    mask = torch.ones_like(x)
+    mask[0, :3] = 0
+    compiled = torch.compile(tiny_model, fullgraph=True, backend="eager")  # a graph break would raise
+    torch.testing.assert_close(
+        compiled(x, attention_mask=mask, use_cache=False).logits,
+        tiny_model(x, attention_mask=mask, use_cache=False).logits,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_the_model_is_its_own_base_model(tiny_model):
+    assert tiny_model.base_model is tiny_model

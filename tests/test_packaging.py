@@ -1,0 +1,87 @@
+"""The wheel: only gpt_serve-prefixed names at the top of site-packages, living next to generic ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERIC = ("training", "export", "demo")
+
+
+def dummy_wheel(folder: Path, name: str) -> Path:
+    """A wheel of a one-module package `name` (what PyPI's `export` or any other generic name could be)."""
+    dist = f"{name}-0.0.1.dist-info"
+    path = folder / f"{name}-0.0.1-py3-none-any.whl"
+    files = {
+        f"{name}/__init__.py": f"DUMMY = {name!r}\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.1\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(path, "w") as wheel:
+        for arcname, text in files.items():
+            wheel.writestr(arcname, text)
+        wheel.writestr(f"{dist}/RECORD", "".join(f"{n},,\n" for n in files) + f"{dist}/RECORD,,\n")
+    return path
+
+
+def pip(venv_python: Path, *args: str) -> None:
+    """The test environment's pip, acting on another environment (`pip --python`)."""
+    cmd = [sys.executable, "-m", "pip", "--python", str(venv_python), "--disable-pip-version-check", "-q", *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def run(venv_python: Path, code: str) -> str:
+    result = subprocess.run([str(venv_python), "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (path,) = out.glob("gpt_serve-*.whl")
+    return path
+
+
+@pytest.mark.slow
+def test_the_wheel_has_only_gpt_serve_names_at_the_top(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert top == {"gpt_serve", "gpt_serve_training", "gpt_serve_export", "gpt_serve_demo"}
+    assert "gpt_serve/models/shakespeare/model.safetensors" in names  # the shipped models travel with it
+    assert not [n for n in names if n.startswith("gpt_serve/models/") and n.endswith(".py") and "__init__" not in n]
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    with zipfile.ZipFile(wheel) as archive:
+        text = archive.read(entry_points).decode()
+    assert "train = gpt_serve_training.cli:main" in text and "demo = gpt_serve_demo.cli:main" in text
+
+
+@pytest.mark.slow
+def test_the_wheel_and_generic_packages_do_not_clobber_each_other(wheel, tmp_path):
+    env = tmp_path / "venv"
+    venv.create(env, with_pip=False)
+    python = env / "bin" / "python"
+    dummies = [dummy_wheel(tmp_path, name) for name in GENERIC]
+    pip(python, "install", "--no-deps", "--no-index", str(wheel), *map(str, dummies))
+    site = Path(run(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
+    check = "import training, export, demo, gpt_serve; print(training.DUMMY, export.DUMMY, demo.DUMMY)"
+    assert run(python, check) == "training export demo"  # the generic names are the other packages'
+    assert run(python, "import gpt_serve; print(gpt_serve.__version__)")  # torch-free import, nothing else needed
+    for name in ("gpt_serve_training/cli.py", "gpt_serve_export/cli.py", "gpt_serve_demo/cli.py"):
+        assert (site / name).is_file(), name
+    pip(python, "uninstall", "-y", "export")  # removing the generic package leaves ours whole
+    assert (site / "gpt_serve_export" / "cli.py").is_file() and not (site / "export").exists()
+    pip(python, "uninstall", "-y", "gpt-serve")  # and removing ours leaves theirs
+    assert run(python, "import training, demo; print(training.DUMMY, demo.DUMMY)") == "training demo"
+    assert not (site / "gpt_serve_training").exists()
