@@ -26,11 +26,12 @@ from pathlib import Path
 
 import onnxruntime as ort
 import torch
+from transformers.cache_utils import StaticCache
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
 from gpt_serve.generation import SamplingParams, generate_tokens, load_backend
 from gpt_serve.generation.onnx_backend import onnx_path
-from gpt_serve.generation.torch_backend import full_recompute_generate
+from gpt_serve.generation.torch_backend import TorchBackend, full_recompute_generate
 from gpt_serve.models import list_models, model_path
 
 # Run as a script, this folder is sys.path[0], and its other scripts (benchmarks/training.py) would shadow the
@@ -40,6 +41,30 @@ if sys.path and Path(sys.path[0]).resolve() == ROOT / "benchmarks":
     sys.path[0] = str(ROOT)
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 GREEDY = SamplingParams(temperature=0)  # the sampler costs the same on every path; greedy keeps runs comparable
+
+
+class StaticCacheWindow(StaticCache):
+    """transformers' `StaticCache` (buffers allocated once, written in place by `index_copy_`), returning the filled
+    positions only, as the model's masks expect: the library's alternative to `KVBuffer`, timed side by side."""
+
+    def __init__(self, config, batch: int):
+        super().__init__(config=config, max_cache_len=config.block_size)
+        self.batch, self.lengths = batch, [0] * config.n_layer
+
+    def update(self, key, value, layer_idx, *args, **kwargs):
+        keys, values = super().update(key, value, layer_idx, *args, **kwargs)
+        self.lengths[layer_idx] += key.shape[2]
+        return keys[:, :, : self.lengths[layer_idx]], values[:, :, : self.lengths[layer_idx]]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.lengths[layer_idx]
+
+
+class StaticCacheBackend(TorchBackend):
+    cache_type = StaticCacheWindow
+
+    def new_cache(self, batch: int) -> StaticCacheWindow:
+        return StaticCacheWindow(self.config, batch)
 
 
 def engine_run(backend, prompt: list[int], n: int, window_mode: str = "exact") -> tuple[float, float]:
@@ -104,6 +129,7 @@ def bench_model(name: str, folder: Path, text: str, args) -> list[dict]:
     paths = {
         "naive recompute (PyTorch)": None,
         "PyTorch engine (KV cache)": pytorch.backend,
+        "PyTorch engine, transformers StaticCache": StaticCacheBackend(model),
         "ONNX Runtime fp32": load_backend(folder, "onnx", threads=args.threads).backend,
         "ONNX Runtime int8": load_backend(folder, "onnx-int8", threads=args.threads).backend,
     }

@@ -1,7 +1,7 @@
-"""The attention view: the prompt's per-head attention weights, drawn as heat maps with a numpy colormap.
+"""The attention view: the prompt's per-head attention weights, drawn as heat maps (matplotlib's viridis colormap).
 
 Row t of head h's map is where query position t looks: weights over key positions 0..t (the "communication" of
-the lesson's self-attention), lower-triangular, summing to 1. A numpy colormap into an RGB array takes a few
+the lesson's self-attention), lower-triangular, summing to 1. A lookup into matplotlib's colormap takes a few
 milliseconds, so the view can follow every generation without slowing the stream (a matplotlib figure takes
 ~150 ms).
 """
@@ -10,30 +10,11 @@ from __future__ import annotations
 
 import math
 
+import matplotlib
 import numpy as np
 
-# viridis at 9 evenly spaced points; interpolated into a 256-entry lookup table
-_VIRIDIS = np.array(
-    [
-        [68, 1, 84],
-        [71, 44, 122],
-        [59, 81, 139],
-        [44, 113, 142],
-        [33, 144, 141],
-        [39, 173, 129],
-        [92, 200, 99],
-        [170, 220, 50],
-        [253, 231, 37],
-    ],
-    dtype=np.float64,
-)
-COLORMAP = (
-    np.stack(
-        [np.interp(np.linspace(0, 1, 256), np.linspace(0, 1, len(_VIRIDIS)), _VIRIDIS[:, c]) for c in range(3)], axis=1
-    )
-    .round()
-    .astype(np.uint8)
-)  # (256, 3)
+# matplotlib's viridis as a 256-entry RGB lookup table, computed once (no figure is ever drawn)
+COLORMAP = (matplotlib.colormaps["viridis"](np.linspace(0, 1, 256))[:, :3] * 255).round().astype(np.uint8)  # (256, 3)
 FUTURE = np.array([236, 236, 240], dtype=np.uint8)  # keys a query cannot see (above the diagonal)
 BACKGROUND = (255, 255, 255)
 TILE_PX = 192  # a head's map is scaled up (nearest neighbour) to at least this many pixels

@@ -66,7 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="threads per forward pass, PyTorch and ONNX Runtime (default 1: suits many users at once)",
     )
-    p.add_argument("--concurrency", type=positive_int, default=16, help="generations running at once (default 16)")
+    p.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=16,
+        help="generations running at once, batched per model and backend (default 16)",
+    )
     p.add_argument(
         "--max-new-tokens-limit",
         type=positive_int,
@@ -131,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     from .registry import ModelRegistry
 
     try:
-        registry = ModelRegistry.discover(args.model_dir, args.models_root, threads=args.threads)
+        registry = ModelRegistry.discover(
+            args.model_dir, args.models_root, threads=args.threads, max_batch=args.concurrency
+        )
         default_model = registry.default_model(args.model)
     except ValueError as e:
         print(f"demo: error: {e}", file=sys.stderr)
@@ -175,4 +182,5 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         demo.close()
+        registry.close()
     return 0

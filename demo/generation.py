@@ -1,6 +1,7 @@
 """What one generation request is, checked; the stream it produces, with live stats; and the yield throttle.
 
-Everything here is plain Python generators over the library's token loop, testable without Gradio:
+Everything here is plain Python generators over the library's scheduler (one batched decode loop per model and
+backend, `registry.scheduler`), testable without Gradio:
 
     request = parse_request(registry, Limits(), dict(prompt="ROMEO:", max_new_tokens=200, ...))
     for progress in throttle(stream_progress(registry, request), interval=0.05):
@@ -9,9 +10,8 @@ Everything here is plain Python generators over the library's token loop, testab
 A request is checked once (`parse_request`); its sampling settings become the one `SamplingParams` that the
 sampler gets, and its prompt is encoded once, by the model's vocabulary, when its stream starts.
 
-The compute happens only inside `next()`: when a consumer stops iterating (Stop, a client that went away), the
-engine does no further forward pass, and closing the generator (`GeneratorExit`, as Gradio does) closes the
-engine's generator in `finally:` and marks the stream finished in `Activity`.
+Closing a stream (`GeneratorExit`, as Gradio does on Stop or a disconnect) or stopping it (`should_stop`) cancels
+its request in `finally:`: its row leaves the batch before the next decode step, and `Activity` marks it finished.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpt_serve.generation import WINDOW_MODES, SamplingParams, generate_tokens
+from gpt_serve.generation import WINDOW_MODES, SamplingParams
+from gpt_serve.generation.scheduler import Request, ServerBusy
 from gpt_serve.vocab import UNK_POLICIES
 
 from .registry import DemoInputError, ModelRegistry, resolve_backend
@@ -262,19 +263,23 @@ def stream_progress(
     loaded = registry.backend(request.model, request.backend)
     ids = encode_prompt(loaded.vocab, request.prompt, request.unk_policy)
     prompt = loaded.vocab.decode(ids)
-    tokens = generate_tokens(
-        loaded.backend, [ids], request.max_new_tokens, request.sampling, request.seed, request.window_mode
-    )
+    scheduler = registry.scheduler(request.model, request.backend)
     activity = activity or Activity()
     activity.begin()
-    text, first_at, now, stopped = "", None, start, False
+    text, first_at, now, stopped, stream = "", None, start, False, None
     try:
         yield Progress(prompt, "", 0, None, clock() - start, 0.0)
         stopped = should_stop is not None and should_stop()
-        for token in () if stopped else tokens:
+        if not stopped:
+            job = Request(ids, request.max_new_tokens, request.sampling, request.seed, request.window_mode)
+            try:
+                stream = scheduler.submit(job)
+            except ServerBusy as e:
+                raise DemoInputError(str(e)) from None
+        for token in () if stream is None else stream:
             now = clock()
             first_at = now if first_at is None else first_at
-            text += loaded.vocab.decode(token[:1])
+            text += loaded.vocab.decode([token])
             activity.token()
             yield Progress(prompt, text, len(text), first_at - start, now - start, now - first_at)
             if should_stop is not None and should_stop():
@@ -284,7 +289,8 @@ def stream_progress(
         decode = now - (first_at or now)
         yield Progress(prompt, text, len(text), ttft, clock() - start, decode, done=True, stopped=stopped)
     finally:
-        tokens.close()
+        if stream is not None:
+            stream.cancel()  # the row leaves the batch before the next step (a no-op once finished)
         activity.end()
 
 

@@ -3,8 +3,8 @@
 A `ModelRegistry` maps model names to folders (or to None: a model the demo expects, such as a ladder stage that
 has not been trained yet, so the UI can list it and say why it is missing). Nothing is loaded until asked for;
 then every (model, backend) pair is loaded exactly once, under a lock, by the library's loader
-(`gpt_serve.generation.load_backend`, which checks the folder), and shared by all requests and threads:
-`TorchBackend` and `OnnxBackend` keep no per-request state (the KV cache travels with each generation).
+(`gpt_serve.generation.load_backend`, which checks the folder), and gets one `Scheduler`
+(`gpt_serve.generation.scheduler`): a single decode loop that runs every request for that pair as one batch.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_serve.generation import BACKENDS, LoadedModel, load_backend
+from gpt_serve.generation.scheduler import Scheduler
 from gpt_serve.models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
 
 logger = logging.getLogger(__name__)
@@ -86,17 +87,25 @@ class ModelRegistry:
         threads: intra-op threads of each ONNX Runtime session (None: ONNX Runtime's default). PyTorch's thread
             count is process-wide; the application sets it (`torch.set_num_threads`).
         models_root: where models named without a folder were looked for (for error messages).
+        max_batch: the most requests each (model, backend) decodes at once; `max_queue`: the most waiting.
     """
 
     def __init__(
-        self, folders: Mapping[str, str | Path | None], threads: int | None = 1, models_root: str | Path = MODELS_DIR
+        self,
+        folders: Mapping[str, str | Path | None],
+        threads: int | None = 1,
+        models_root: str | Path = MODELS_DIR,
+        max_batch: int = 16,
+        max_queue: int = 256,
     ):
         if not folders:
             raise ValueError("a ModelRegistry needs at least one model name")
         self.folders = {name: (Path(f) if f is not None else None) for name, f in folders.items()}
         self.threads = threads
         self.models_root = Path(models_root)  # where a missing named model was looked for
+        self.max_batch, self.max_queue = max_batch, max_queue
         self._loaded: dict[tuple[str, str], Any] = {}
+        self._schedulers: dict[tuple[str, str], Scheduler] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -107,6 +116,7 @@ class ModelRegistry:
         models_root: str | Path | None = MODELS_DIR,
         expected: Iterable[str] = EXPECTED_MODELS,
         threads: int | None = 1,
+        **limits,
     ) -> ModelRegistry:
         """The models under `models_root` (`gpt_serve.models.discover`), then `expected` names that are missing
         (listed as unavailable), then the `model_dirs` (`NAME=PATH` or `PATH`), which win on a name clash."""
@@ -124,7 +134,7 @@ class ModelRegistry:
             folders[name] = folder
         order = {name: i for i, name in enumerate(EXPECTED_MODELS)}
         names = sorted(folders, key=lambda n: (order.get(n, len(order)), n))
-        return cls({n: folders[n] for n in names}, threads=threads, models_root=root or MODELS_DIR)
+        return cls({n: folders[n] for n in names}, threads=threads, models_root=root or MODELS_DIR, **limits)
 
     # ---- names and availability (never loads anything) ----
 
@@ -219,6 +229,25 @@ class ModelRegistry:
                 logger.info("loaded %s/%s in %.2f s", *key, loaded.load_seconds)
                 self._loaded[key] = loaded
             return self._loaded[key]
+
+    def scheduler(self, name: str, backend: str) -> Scheduler:
+        """The shared decode loop of (model, backend), started on first use (loading the backend)."""
+        key = (name, resolve_backend(backend))
+        scheduler = self._schedulers.get(key)
+        if scheduler is None:
+            loaded = self.backend(*key)
+            with self._locks_lock:
+                if key not in self._schedulers:
+                    self._schedulers[key] = Scheduler(loaded.backend, self.max_batch, self.max_queue)
+                scheduler = self._schedulers[key]
+        return scheduler
+
+    def close(self) -> None:
+        """Stops the decode loops (requests still running end with an error)."""
+        with self._locks_lock:
+            schedulers, self._schedulers = list(self._schedulers.values()), {}
+        for scheduler in schedulers:
+            scheduler.close()
 
     def is_loaded(self, name: str, backend: str) -> bool:
         return (name, resolve_backend(backend)) in self._loaded

@@ -62,7 +62,6 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config: CharGPTConfig, layer_idx: int):
         super().__init__()
-        self.config = config
         self.layer_idx = layer_idx
         self.n_head = config.n_head
         self.head_size = config.head_size
@@ -71,15 +70,13 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias) if config.attn_proj else nn.Identity()
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, attention_mask=None, cache=None, output_attentions=False):
+    def forward(self, x, attention, attention_mask=None, cache=None):
+        """`attention` is the kernel (`attention_function(config)`), looked up once per forward of the model."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hs)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)  # (B, H, S, hs), S = past + T
-        # The weights themselves are only written out by the eager kernel.
-        implementation = "eager" if output_attentions else self.config._attn_implementation
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention)
         dropout = self.dropout if self.training else 0.0
         y, wei = attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.head_size**-0.5)
         y = y.reshape(B, T, C)  # (B, T, H, hs) -> the heads concatenated: (B, T, C)
@@ -114,13 +111,21 @@ class Block(GradientCheckpointingLayer):
         self.ln2 = norm() if config.ffwd_mult else nn.Identity()
         self.ffwd = FeedForward(config) if config.ffwd_mult else None
 
-    def forward(self, x, attention_mask=None, cache=None, output_attentions=False):
-        a, wei = self.sa(self.ln1(x), attention_mask, cache, output_attentions)
+    def forward(self, x, attention, attention_mask=None, cache=None):
+        a, wei = self.sa(self.ln1(x), attention, attention_mask, cache)
         x = x + a if self.residual else a
         if self.ffwd is not None:
             f = self.ffwd(self.ln2(x))
             x = x + f if self.residual else f
         return x, wei
+
+
+def attention_function(config: CharGPTConfig, output_attentions: bool = False):
+    """The attention kernel `config._attn_implementation` names in transformers' registry (`"sdpa"` by default,
+    `"eager"` is `eager_attention`). The weights themselves are only written out by the eager kernel, so
+    `output_attentions` takes it."""
+    implementation = "eager" if output_attentions else config._attn_implementation
+    return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention)
 
 
 def causal_bias(T: int, S: int, device, dtype) -> torch.Tensor:
@@ -266,10 +271,9 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
         x = self.drop(inputs_embeds + pos_emb)
         all_hidden = (x,) if output_hidden_states else None
         all_attn = () if output_attentions else None
+        attention = attention_function(self.config, output_attentions)
         for block in self.blocks:
-            x, wei = block(
-                x, attention_mask=bias, cache=cache if use_cache else None, output_attentions=output_attentions
-            )
+            x, wei = block(x, attention=attention, attention_mask=bias, cache=cache if use_cache else None)
             if output_hidden_states:
                 all_hidden += (x,)
             if output_attentions:

@@ -34,11 +34,16 @@ def corpus(data_path) -> str:
     return data_path.read_text(encoding="utf-8")
 
 
+# Tiny Shakespeare's 65 characters in id order (sorted), so that most tests need no corpus on disk;
+# tests/core/test_tokenizer.py checks them against the corpus.
+TINY_SHAKESPEARE_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
 @pytest.fixture(scope="session")
-def tokenizer(corpus):
+def tokenizer():
     from gpt_serve import CharTokenizer
 
-    return CharTokenizer.from_corpus(corpus)
+    return CharTokenizer(chars=list(TINY_SHAKESPEARE_CHARS))
 
 
 def make_tiny_model(seed: int = 0, **overrides):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass, field, fields
 
 from gpt_serve import CharGPTConfig
@@ -102,12 +101,11 @@ class TrainConfig:
         return [f for f in fields(cls) if f.name != "model"]
 
 
-def lr_factor(cfg: TrainConfig, step: int) -> float:
-    """Multiplier of `learning_rate` at `step` (what LambdaLR applies): linear warmup, then constant or cosine."""
-    if step < cfg.warmup_iters:
-        return (step + 1) / cfg.warmup_iters
+def make_scheduler(cfg: TrainConfig, optimizer):
+    """transformers' learning-rate schedule for `cfg`: linear warmup over `warmup_iters` steps (from 0), then
+    constant, or a cosine decay to `min_lr` at `max_iters`."""
+    from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
+
     if cfg.schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters))
-    floor = cfg.min_lr / cfg.learning_rate
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        return get_constant_schedule_with_warmup(optimizer, cfg.warmup_iters)
+    return get_cosine_with_min_lr_schedule_with_warmup(optimizer, cfg.warmup_iters, cfg.max_iters, min_lr=cfg.min_lr)

@@ -146,6 +146,43 @@ def generate_sample(model, tokenizer, n_tokens: int, seed: int = 0) -> str:
     return generate_text(TorchBackend(model), tokenizer.vocab, "", n_tokens, seed=seed)  # temperature 1
 
 
+def front_matter(name: str, val: float, train: float) -> str:
+    """The model card's Hugging Face YAML header: what the Hub shows (license, task, the validation loss)."""
+    return f"""---
+library_name: transformers
+pipeline_tag: text-generation
+license: mit
+language:
+- en
+tags:
+- gpt-serve
+- chargpt
+- character-level
+datasets:
+- tiny_shakespeare
+metrics:
+- loss
+model-index:
+- name: {name}
+  results:
+  - task:
+      type: text-generation
+      name: character-level language modeling
+    dataset:
+      name: Tiny Shakespeare (last 10% as validation)
+      type: tiny_shakespeare
+      split: validation
+    metrics:
+    - type: loss
+      name: validation cross-entropy (nats/char)
+      value: {val:.4f}
+    - type: loss
+      name: train cross-entropy (nats/char)
+      value: {train:.4f}
+---
+"""
+
+
 def write_model_card(trainer, result: dict) -> None:
     """README.md with Hugging Face YAML front matter: losses, command, hardware, wall time and a sample."""
     cfg, mc = trainer.cfg, trainer.model_config
@@ -178,39 +215,7 @@ def write_model_card(trainer, result: dict) -> None:
         f"{format_duration(result['wall_time_s'])} ({format_duration(result['train_time_s'])} in optimizer steps, "
         f"the rest in evaluation and checkpoints)"
     )
-    card = f"""---
-library_name: transformers
-pipeline_tag: text-generation
-license: mit
-language:
-- en
-tags:
-- gpt-serve
-- chargpt
-- character-level
-datasets:
-- tiny_shakespeare
-metrics:
-- loss
-model-index:
-- name: {name}
-  results:
-  - task:
-      type: text-generation
-      name: character-level language modeling
-    dataset:
-      name: Tiny Shakespeare (last 10% as validation)
-      type: tiny_shakespeare
-      split: validation
-    metrics:
-    - type: loss
-      name: validation cross-entropy (nats/char)
-      value: {val:.4f}
-    - type: loss
-      name: train cross-entropy (nats/char)
-      value: {train:.4f}
----
-
+    card = front_matter(name, val, train) + f"""
 # {name}
 
 A character-level GPT from the "Let's build GPT" lesson, trained with gpt-serve on Tiny Shakespeare

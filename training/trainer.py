@@ -23,7 +23,7 @@ from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
 from gpt_serve.corpus import load_text
 
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
-from .config import ARCH_KEYS, MODEL_KEYS, SCHEDULES, TrainConfig, lr_factor  # noqa: F401  (re-exported)
+from .config import ARCH_KEYS, MODEL_KEYS, SCHEDULES, TrainConfig, make_scheduler  # noqa: F401  (re-exported)
 from .data import CharDataset
 from .kernels import use_cpu_training_kernels
 from .report import append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
@@ -59,7 +59,7 @@ class Trainer:
         # Dropout draws from the global RNG: `fit` starts from this state, whatever ran in between.
         self._initial_rng = self._rng_state()
         self.optimizer = self._make_optimizer()
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(cfg, s))
+        self.scheduler = make_scheduler(cfg, self.optimizer)
         # Each rank draws its own batches; the generator state is the sampler state saved in checkpoints.
         self.batch_gen = torch.Generator().manual_seed(cfg.seed + 1000 * self.rt.rank)
         self.step = 0

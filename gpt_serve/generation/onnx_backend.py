@@ -234,6 +234,10 @@ class OnnxBackend:
             if inputs[name] != "tensor(int64)":
                 raise ValueError(f"{self.path}: input {name!r} is {inputs[name]}, expected tensor(int64)")
 
+    def new_batch(self, max_rows: int) -> OnnxDecodeBatch:
+        """An empty batch of at most `max_rows` rows for the scheduler (`gpt_serve.generation.scheduler`)."""
+        return OnnxDecodeBatch(self, max_rows)
+
     def forward(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, cache: OnnxCache | None
     ) -> tuple[np.ndarray, OnnxCache]:
@@ -311,6 +315,78 @@ class OnnxBackend:
                 f"position_ids must lie in [0, block_size) = [0, {self.block_size}), got "
                 f"[{position_ids.min()}, {position_ids.max()}]; the engine slides the window past block_size"
             )
+
+
+class OnnxDecodeBatch:
+    """Rows decoding together on an `OnnxBackend` (see `gpt_serve.generation.scheduler.DecodeBatch`).
+
+    The rows share one left-padded cache in the graph's Hugging Face layout: row r's keys are the last
+    `lengths[r]` of the cache's columns, `mask` says which columns are whose, and a step appends one column for
+    every row (the graph's `present = Concat(past, new)`). A new row is prefilled alone and joins padded to the
+    others' width; a row that leaves is replaced by the last one. Columns no row uses any more are cut off when a
+    row leaves, or once `TRIM_COLUMNS` of them have piled up.
+    """
+
+    TRIM_COLUMNS = 16
+
+    def __init__(self, backend: OnnxBackend, max_rows: int):
+        self.backend, self.max_rows = backend, max_rows
+        self._set([], np.zeros((0, 0), dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def _set(self, arrays: list[np.ndarray], mask: np.ndarray, lengths: np.ndarray) -> None:
+        self._arrays = [np.ascontiguousarray(a) for a in arrays]  # kept alive: the OrtValues point into them
+        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._arrays]
+        self.cache = OnnxCache(values, mask.shape[1], len(lengths), self.backend) if len(lengths) else None
+        self.mask, self.lengths = mask, lengths
+
+    def _numpy(self) -> list[np.ndarray]:
+        return [v.numpy() for v in self.cache.values] if self.cache is not None else []
+
+    def _trimmed(self, arrays, mask, lengths):
+        unused = mask.shape[1] - (int(lengths.max()) if len(lengths) else 0)
+        return [a[:, :, unused:] for a in arrays], mask[:, unused:], lengths
+
+    def add(self, ids) -> np.ndarray:
+        if len(self) >= self.max_rows:
+            raise ValueError(f"the batch holds {self.max_rows} rows at most")
+        ids = np.asarray(ids, dtype=np.int64)[None]  # (1, L)
+        L = ids.shape[1]
+        logits, cache = self.backend.forward(ids, np.ones_like(ids), np.arange(L)[None], None)
+        new = [v.numpy() for v in cache.values]  # each (1, H, L, hs)
+        width = max(self.mask.shape[1], L)
+        pad = lambda a, w: np.pad(a, ((0, 0), (0, 0), (width - w, 0), (0, 0)))  # noqa: E731  (left, on columns)
+        if len(self):
+            old = self._numpy()
+            arrays = [np.concatenate([pad(o, self.mask.shape[1]), pad(n, L)]) for o, n in zip(old, new, strict=True)]
+        else:
+            arrays = [pad(n, L) for n in new]
+        mask = np.zeros((len(self) + 1, width), dtype=np.int64)
+        mask[:-1, width - self.mask.shape[1] :] = self.mask
+        mask[-1, width - L :] = 1
+        self._set(arrays, mask, np.append(self.lengths, L))
+        return logits[0]
+
+    def remove(self, row: int) -> None:
+        if not 0 <= row < len(self):
+            raise IndexError(f"no row {row} in a batch of {len(self)}")
+        order = list(range(len(self)))
+        order[row] = order[-1]  # the last row takes its place
+        order.pop()
+        arrays = [a[order] for a in self._numpy()]
+        self._set(*self._trimmed(arrays, self.mask[order], self.lengths[order]))
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        n = len(self)
+        mask = np.concatenate([self.mask, np.ones((n, 1), dtype=np.int64)], axis=1)
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64)[:, None]
+        logits, self.cache = self.backend.forward(tokens, mask, self.lengths[:, None].copy(), self.cache)
+        self.mask, self.lengths = mask, self.lengths + 1
+        if mask.shape[1] - int(self.lengths.max()) >= self.TRIM_COLUMNS:
+            self._set(*self._trimmed(self._numpy(), self.mask, self.lengths))
+        return logits
 
 
 def _as_int64(name: str, array: Any) -> np.ndarray:

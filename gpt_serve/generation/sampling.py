@@ -61,6 +61,28 @@ def sample_next(logits: np.ndarray, params: SamplingParams, rng: np.random.Gener
     """
     if params.temperature == 0:
         return logits.argmax(axis=-1)
+    return draw(probabilities(logits, params), rng.random(logits.shape[0]))
+
+
+def sample_rows(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.random.Generator]) -> np.ndarray:
+    """`sample_next` for rows that each have their own settings and RNG: row b gets exactly the token that
+    `sample_next(logits[b:b+1], params[b], rngs[b])` gives (the same operations, one uniform number from its own RNG),
+    computed for all rows that share settings at once."""
+    tokens = np.zeros(len(params), dtype=np.int64)
+    groups: dict[SamplingParams, list[int]] = {}
+    for b, p in enumerate(params):
+        groups.setdefault(p, []).append(b)
+    for p, rows in groups.items():
+        if p.temperature == 0:
+            tokens[rows] = logits[rows].argmax(axis=-1)
+        else:
+            u = np.array([rngs[b].random() for b in rows])
+            tokens[rows] = draw(probabilities(logits[rows], p), u)
+    return tokens
+
+
+def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The filtered softmax (B, V) that a temperature > 0 draw samples from, in float64."""
     z = logits.astype(np.float64) / params.temperature  # (B, V)
     V = z.shape[-1]
     if params.top_k and params.top_k < V:
@@ -78,6 +100,10 @@ def sample_next(logits: np.ndarray, params: SamplingParams, rng: np.random.Gener
         np.put_along_axis(drop, order, drop_sorted, axis=-1)
         probs = np.where(drop, 0.0, probs)
         probs /= probs.sum(axis=-1, keepdims=True)
+    return probs
+
+
+def draw(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The token each row's uniform number `u` (B,) in [0, 1) picks from `probs` (B, V) (inverse CDF)."""
     cdf = np.cumsum(probs, axis=-1)  # (B, V)
-    u = rng.random(probs.shape[0])[:, None] * cdf[:, -1:]
-    return np.minimum((cdf <= u).sum(axis=-1), V - 1)
+    return np.minimum((cdf <= u[:, None] * cdf[:, -1:]).sum(axis=-1), probs.shape[-1] - 1)

@@ -47,4 +47,4 @@ def test_decode_benchmark(data_path):
         "onnx_generation.py",
         *("--models", "ladder-a", "--threads", "1", "--past-window-tokens", "4", "--data", str(data_path)),
     )
-    assert out.count("| ladder-a |") == 4  # naive, PyTorch engine, ONNX Runtime fp32 and int8
+    assert out.count("| ladder-a |") == 5  # naive, PyTorch engine (KVBuffer, StaticCache), ONNX Runtime fp32, int8

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import gradio as gr
 import pytest
@@ -97,12 +98,18 @@ def test_closing_the_stream_stops_the_compute(registry):
     loaded = registry.backend("tiny", "torch")
     calls = []
 
-    class Counting:
+    class Counting:  # counts the decode steps and full-window forwards the scheduler runs
         block_size, vocab_size = loaded.backend.block_size, loaded.backend.vocab_size
 
         def forward(self, *args):
             calls.append(1)
             return loaded.backend.forward(*args)
+
+        def new_batch(self, max_rows):
+            batch = loaded.backend.new_batch(max_rows)
+            step = batch.step
+            batch.step = lambda tokens: calls.append(1) or step(tokens)
+            return batch
 
     class Registry(type(registry)):
         def backend(self, name, backend):
@@ -110,14 +117,23 @@ def test_closing_the_stream_stops_the_compute(registry):
 
     counting = Registry(registry.folders, threads=1)
     activity = Activity()
-    request = parse_request(counting, Limits(), {**GOOD, "max_new_tokens": 500})
+    limit = 20_000
+    request = parse_request(counting, Limits(max_new_tokens=limit), {**GOOD, "max_new_tokens": limit})
     stream = stream_progress(counting, request, activity)
     assert next(stream).tokens == 0 and calls == []  # the prompt is encoded: no forward pass yet
     for _ in range(5):
         next(stream)
     assert activity.snapshot()["active"] == 1
     stream.close()
-    assert len(calls) == 5 and activity.snapshot() == dict(active=0, peak=1, started=1, finished=1, tokens=5)
+    scheduler = counting.scheduler("tiny", "torch")
+    deadline = time.monotonic() + 5
+    while scheduler.stats()["active"] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    done = len(calls)
+    time.sleep(0.1)
+    assert len(calls) == done < limit  # the row left the batch: no forward pass since
+    assert activity.snapshot() == dict(active=0, peak=1, started=1, finished=1, tokens=5)
+    counting.close()
 
 
 BAD_INPUTS = [

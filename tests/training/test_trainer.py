@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from training.report import read_metrics
-from training.trainer import TrainConfig, Trainer, lr_factor
+from training.trainer import TrainConfig, Trainer, make_scheduler
 
 
 @pytest.fixture(scope="module")
@@ -87,15 +87,20 @@ def test_loss_plot_and_metrics_are_written_at_every_evaluation(tmp_path, make_co
     assert {"train_loss", "val_loss", "lr", "tokens", "time_s"} <= set(json.loads(lines[-1]))
 
 
+def lr_factors(cfg, steps):
+    """The multiplier of the learning rate at each of `steps`, from the trainer's scheduler."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.learning_rate)
+    scheduler = make_scheduler(cfg, optimizer)
+    return [scheduler.lr_lambdas[0](s) for s in steps]
+
+
 def test_lr_schedules():
     const = TrainConfig(learning_rate=1e-3, max_iters=100)
-    assert [lr_factor(const, s) for s in (0, 50, 99)] == [1.0, 1.0, 1.0]
+    assert lr_factors(const, (0, 50, 99)) == [1.0, 1.0, 1.0]
     cos = TrainConfig(learning_rate=1e-3, min_lr=1e-4, schedule="cosine", warmup_iters=10, max_iters=110)
-    assert [lr_factor(cos, s) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
-    assert lr_factor(cos, 10) == pytest.approx(1.0)
-    assert lr_factor(cos, 60) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way down the cosine
-    assert lr_factor(cos, 110) == pytest.approx(0.1)  # min_lr / learning_rate
-    decay = [lr_factor(cos, s) for s in range(10, 111)]
+    assert lr_factors(cos, (0, 4, 9)) == pytest.approx([0.0, 0.4, 0.9])  # transformers' warmup starts at 0
+    assert lr_factors(cos, (10, 60, 110)) == pytest.approx([1.0, 0.1 + 0.9 * 0.5, 0.1])  # to min_lr / learning_rate
+    decay = lr_factors(cos, range(10, 111))
     assert all(a >= b for a, b in zip(decay, decay[1:], strict=False))
 
 
@@ -199,5 +204,5 @@ def test_lr_is_logged_and_follows_the_schedule(tmp_path, make_config):
     )
     t.fit()
     lrs = [m["lr"] for m in read_metrics(tmp_path)]
-    assert lrs[0] == pytest.approx(3e-3 / 5) and lrs[-1] == pytest.approx(3e-4)
+    assert lrs[0] == 0.0 and lrs[-1] == pytest.approx(3e-4)  # transformers' warmup starts from 0
     assert not math.isclose(lrs[1], 3e-3)

@@ -1,0 +1,390 @@
+"""Continuous batching: one decode loop runs every active request of a loaded model as one batch.
+
+    scheduler = Scheduler(load_backend("shakespeare", "onnx-int8").backend, max_batch=16)
+    stream = scheduler.submit(Request(prompt_ids, 200, SamplingParams(0.8), seed=1))
+    for token in stream:        # ids, as the loop makes them (closing or `cancel()` frees the row)
+        ...
+    scheduler.close()
+
+Iteration-level scheduling, as serving engines do it: between two decode steps, waiting requests are prefilled and
+join the batch (FIFO, at most `max_prefills_per_step` per step so a burst of arrivals cannot stall the others), and
+finished, stopped or cancelled requests leave it. A decode step runs one token for every row in one forward pass
+(`backend.new_batch()`, a `DecodeBatch` that keeps the rows' KV caches the backend's way).
+
+A request's tokens do not depend on what else runs: each has its own RNG (its seed), its own sampling settings and
+its own window. A row's window is its own tokens only (padding never counts against it): when it outgrows
+`block_size`, a `"refill"` row is prefilled again from its last `refill_tokens` tokens and rejoins; an `"exact"`
+row leaves the batch for a full-window forward per token (the lesson's semantics), run for all such rows together
+in their own forward pass, a few rows per step (`max_recompute_per_step`), so that they never hold the others up
+for long. The queue is bounded: past `max_queue` waiting requests `submit` raises `ServerBusy`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .engine import Backend, window_keep
+from .sampling import SamplingParams, sample_rows
+
+logger = logging.getLogger(__name__)
+
+
+class ServerBusy(RuntimeError):
+    """The scheduler's queue is full: the request was not accepted (HTTP APIs answer 429/503)."""
+
+
+class DecodeBatch(Protocol):
+    """The rows decoding together and their KV caches, kept by the backend (`backend.new_batch(max_rows)`).
+
+    Rows are numbered 0..len-1: a new row is the last one, and removing a row moves the last row into its place."""
+
+    def __len__(self) -> int: ...
+
+    def add(self, ids: Sequence[int]) -> np.ndarray:
+        """Prefills `ids` (a window: positions 0..len-1) as a new last row; returns the logits (V,) of its last
+        position."""
+
+    def remove(self, row: int) -> None: ...
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """Appends one token (int64 (rows,)) to every row; returns the logits (rows, V)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to generate: prompt ids (non-empty), how many tokens, how to sample, and the window past block_size."""
+
+    prompt_ids: Sequence[int]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+    window_mode: str = "exact"
+    refill_tokens: int | None = None
+    stop_token_ids: Sequence[int] = ()
+
+
+_DONE = object()
+
+
+class Stream:
+    """The tokens of one submitted request, as an iterator of ids. `cancel()` (or closing the iterator, or a
+    consumer that stops reading and drops it) removes the request's row before the next decode step."""
+
+    def __init__(self, request: Request, scheduler: Scheduler):
+        self.request = request
+        self._scheduler = scheduler
+        self._tokens: queue.SimpleQueue = queue.SimpleQueue()
+        self.cancelled = threading.Event()
+        self.error: BaseException | None = None
+        self.submitted_at = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.generated = 0
+
+    def cancel(self) -> None:
+        if not self.cancelled.is_set():
+            self.cancelled.set()
+            self._scheduler._wake.set()
+
+    def __iter__(self) -> Iterator[int]:
+        try:
+            while True:
+                item = self._tokens.get()
+                if item is _DONE:
+                    if self.error is not None:
+                        raise self.error
+                    return
+                yield item
+        finally:
+            self.cancel()  # a consumer that stops early frees the row (a no-op once finished)
+
+    # -- the scheduler's side --
+
+    def _put(self, token: int) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self.generated += 1
+        self._tokens.put(token)
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self._tokens.put(_DONE)
+
+
+class _Row:
+    """A running request: its tokens, RNG, window and where it runs."""
+
+    def __init__(self, stream: Stream, block_size: int, vocab_size: int):
+        r = stream.request
+        self.stream = stream
+        self.sampling = r.sampling
+        self.ids = [int(t) for t in r.prompt_ids]  # the prompt and every generated token
+        self.prompt_len = len(self.ids)
+        self.rng = np.random.default_rng(r.seed)
+        self.keep = window_keep(block_size, r.window_mode, r.refill_tokens)
+        self.exact = r.window_mode == "exact"
+        self.stops = set(int(t) for t in r.stop_token_ids)
+        # transformers' repetition penalty applies to every token seen so far: kept as a mask over the vocabulary
+        self.seen = None
+        if r.sampling.repetition_penalty != 1.0:
+            self.seen = np.zeros(vocab_size, dtype=bool)
+            self.seen[self.ids] = True
+        # The window is ids[start:]; a prompt longer than the window starts from its last `keep` tokens, as the
+        # engine's loop does.
+        self.start = len(self.ids) - self.keep if len(self.ids) > block_size else 0
+
+    @property
+    def done(self) -> bool:
+        r = self.stream.request
+        return len(self.ids) - self.prompt_len >= r.max_new_tokens or (
+            len(self.ids) > self.prompt_len and self.ids[-1] in self.stops
+        )
+
+
+class Scheduler:
+    """One decode loop (a background thread) for one backend; see the module docstring.
+
+    Args:
+        backend: a `TorchBackend` or `OnnxBackend` (anything with `new_batch`, `forward`, `block_size`, `vocab_size`).
+        max_batch: the most rows decoding at once.
+        max_queue: the most requests waiting to join; `submit` raises `ServerBusy` past it.
+        max_prefills_per_step: the most waiting requests prefilled between two decode steps.
+        max_recompute_per_step: the most exact-mode rows past their window advanced per step.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        max_batch: int = 16,
+        max_queue: int = 256,
+        max_prefills_per_step: int = 2,
+        max_recompute_per_step: int = 4,
+    ):
+        for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.backend = backend
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self.max_prefills_per_step, self.max_recompute_per_step = max_prefills_per_step, max_recompute_per_step
+        self._waiting: deque[Stream] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._batch = backend.new_batch(max_batch)
+        self._batched: list[_Row] = []  # row i of self._batch
+        self._recompute: deque[_Row] = deque()  # exact-mode rows past their window
+        self.steps = 0  # forward passes run (decode steps, prefills and full-window recomputes)
+        self.tokens = 0
+        self._thread = threading.Thread(target=self._loop, name="gpt-serve-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- the public side --
+
+    def submit(self, request: Request) -> Stream:
+        """Queues `request`; returns its `Stream`. Raises ValueError for a bad request, `ServerBusy` when full."""
+        self._check(request)
+        stream = Stream(request, self)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            if len(self._waiting) >= self.max_queue:
+                raise ServerBusy(
+                    f"server busy: {len(self._waiting)} requests are already waiting (the limit is {self.max_queue}); "
+                    f"try again shortly"
+                )
+            self._waiting.append(stream)
+        self._wake.set()
+        return stream
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            waiting = len(self._waiting)
+        return dict(
+            active=len(self._batched) + len(self._recompute),
+            waiting=waiting,
+            steps=self.steps,
+            tokens=self.tokens,
+        )
+
+    def close(self) -> None:
+        """Stops the loop; requests still running or waiting end with an error."""
+        with self._lock:
+            self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def _check(self, r: Request) -> None:
+        if not isinstance(r, Request):
+            raise TypeError(f"submit takes a Request, got {type(r).__name__}")
+        n = r.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {n!r}")
+        if not len(r.prompt_ids):
+            raise ValueError("the prompt is empty; give at least one token (the lesson starts from id 0, a newline)")
+        V = self.backend.vocab_size
+        bad = [t for t in r.prompt_ids if not 0 <= int(t) < V]
+        if bad:
+            raise ValueError(f"the prompt holds ids {bad[:10]} outside the vocabulary [0, {V - 1}]")
+        seed = r.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ValueError(f"seed must be None or an integer >= 0, got {seed!r}")
+        if not isinstance(r.sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(r.sampling).__name__}")
+        window_keep(self.backend.block_size, r.window_mode, r.refill_tokens)  # raises for a bad window
+
+    # -- the loop --
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                closed = self._closed
+            if closed:
+                break
+            try:
+                self._drop_cancelled()
+                self._admit()
+                self._recompute_some()
+                self._decode()
+            except Exception as e:  # a broken backend: the running requests end with the error, the loop goes on
+                logger.exception("decode step failed")
+                self._fail_all(e)
+            if not self._batched and not self._recompute:
+                with self._lock:
+                    idle = not self._waiting and not self._closed
+                if idle:
+                    self._wake.wait()
+                    self._wake.clear()
+        self._fail_all(RuntimeError("the scheduler was closed"), waiting=True)
+
+    def _drop_cancelled(self) -> None:
+        for i in reversed(range(len(self._batched))):
+            if self._batched[i].stream.cancelled.is_set():
+                self._batched[i].stream._finish()
+                self._remove(i)
+        for row in [r for r in self._recompute if r.stream.cancelled.is_set()]:
+            self._recompute.remove(row)
+            row.stream._finish()
+        with self._lock:
+            cancelled = [s for s in self._waiting if s.cancelled.is_set()]
+            for stream in cancelled:
+                self._waiting.remove(stream)
+        for stream in cancelled:
+            stream._finish()
+
+    def _remove(self, index: int) -> None:
+        """Takes row `index` out of the batch; the last row moves into its place, in both lists."""
+        self._batch.remove(index)
+        last = self._batched.pop()
+        if index < len(self._batched):
+            self._batched[index] = last
+
+    def _admit(self) -> None:
+        for _ in range(self.max_prefills_per_step):
+            if len(self._batched) + len(self._recompute) >= self.max_batch:
+                return
+            with self._lock:
+                if not self._waiting:
+                    return
+                stream = self._waiting.popleft()
+            row = _Row(stream, self.backend.block_size, self.backend.vocab_size)
+            if len(row.ids) - row.start > self.backend.block_size or (row.exact and row.start > 0):
+                self._recompute.append(row)  # exact mode, a prompt past the window: full-window forwards from now
+                continue
+            try:
+                logits = self._batch.add(row.ids[row.start :])
+            except Exception as e:
+                stream._finish(e)
+                continue
+            self.steps += 1
+            self._batched.append(row)
+            self._emit(row, logits[None], len(self._batched) - 1)
+
+    def _recompute_some(self) -> None:
+        """Advances up to `max_recompute_per_step` exact-mode rows past their window by one token each."""
+        if not self._recompute:
+            return
+        block = self.backend.block_size
+        rows = [self._recompute.popleft() for _ in range(min(self.max_recompute_per_step, len(self._recompute)))]
+        ids = np.array([r.ids[-block:] for r in rows], dtype=np.int64)  # (k, block_size): every row's last window
+        mask = np.ones_like(ids)
+        positions = np.tile(np.arange(block), (len(rows), 1))
+        logits, _ = self.backend.forward(ids, mask, positions, None)
+        self.steps += 1
+        for row, token in zip(rows, self._sample(rows, logits), strict=True):
+            self._append(row, token)
+            if not row.done and not row.stream.cancelled.is_set():
+                self._recompute.append(row)
+
+    def _decode(self) -> None:
+        if not self._batched:
+            return
+        tokens = np.array([r.ids[-1] for r in self._batched], dtype=np.int64)
+        rows = list(self._batched)
+        chosen = self._sample(rows, self._batch.step(tokens))
+        self.steps += 1
+        # Reversed: a row that leaves is replaced by the last row (done already), a row that rejoins goes last.
+        for i in reversed(range(len(rows))):
+            self._advance(rows[i], int(chosen[i]), i)
+
+    def _emit(self, row: _Row, logits: np.ndarray, index: int) -> None:
+        """Samples the next token of `row` (batch row `index`) from `logits` (1, V), then `_advance`."""
+        self._advance(row, int(self._sample([row], logits)[0]), index)
+
+    def _advance(self, row: _Row, token: int, index: int) -> None:
+        """Gives `row` (batch row `index`) its next token and moves it on: finished, to its next window, or on in
+        the batch (where the token is fed at the next step)."""
+        self._append(row, token)
+        if row.done or row.stream.cancelled.is_set():
+            self._remove(index)
+            return
+        if len(row.ids) - row.start > self.backend.block_size:  # the next token would not fit in the window
+            self._remove(index)
+            if row.exact:
+                self._recompute.append(row)
+                return
+            row.start = len(row.ids) - row.keep  # refill: the last `keep` tokens, prefilled again
+            logits = self._batch.add(row.ids[row.start :])
+            self.steps += 1
+            self._batched.append(row)
+            self._emit(row, logits[None], len(self._batched) - 1)
+
+    @staticmethod
+    def _sample(rows: list[_Row], logits: np.ndarray) -> np.ndarray:
+        """One token per row from `logits` (rows, V), each with its own settings and RNG (`sample_rows`)."""
+        penalized = [i for i, r in enumerate(rows) if r.seen is not None]
+        if penalized:
+            logits = logits.copy()
+            for i in penalized:  # transformers' rule: a seen token's logit / penalty if positive, * penalty if not
+                seen, penalty = rows[i].seen, rows[i].sampling.repetition_penalty
+                row = logits[i, seen]
+                logits[i, seen] = np.where(row > 0, row / penalty, row * penalty)
+        return sample_rows(logits, [r.sampling for r in rows], [r.rng for r in rows])
+
+    def _append(self, row: _Row, token: int) -> None:
+        row.ids.append(token)
+        if row.seen is not None:
+            row.seen[token] = True
+        self.tokens += 1
+        row.stream._put(token)
+        if row.done:
+            row.stream._finish()
+
+    def _fail_all(self, error: BaseException, waiting: bool = False) -> None:
+        """Ends every running request (and, with `waiting`, every queued one) with `error`; a fresh batch after."""
+        running = [*self._batched, *self._recompute]
+        self._batched, self._recompute = [], deque()
+        self._batch = self.backend.new_batch(self.max_batch)
+        queued = []
+        if waiting:
+            with self._lock:
+                queued, self._waiting = list(self._waiting), deque()
+        for stream in [r.stream for r in running] + queued:
+            stream._finish(error)

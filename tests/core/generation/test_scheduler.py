@@ -1,0 +1,149 @@
+"""The continuous-batching scheduler: a request's tokens do not depend on the batch, rows leave when cancelled,
+the queue is bounded, bad requests are named."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from gpt_serve.generation import SamplingParams, generate_tokens
+from gpt_serve.generation.onnx_backend import OnnxBackend
+from gpt_serve.generation.scheduler import Request, Scheduler, ServerBusy
+from gpt_serve.generation.torch_backend import TorchBackend
+from tests.conftest import make_tiny_model
+
+
+def requests(n: int = 8, block_size: int = 16) -> list[Request]:
+    """Requests of different prompt lengths (some longer than the window), lengths, settings and window modes."""
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        length = int(rng.integers(1, 2 * block_size)) if i % 4 == 3 else int(rng.integers(1, block_size // 2))
+        sampling = (
+            SamplingParams(0)
+            if i % 3 == 0
+            else SamplingParams(0.9, top_k=int(rng.integers(0, 20)), top_p=0.95, repetition_penalty=1.2 if i % 2 else 1)
+        )
+        out.append(
+            Request(
+                rng.integers(0, 65, length).tolist(),
+                int(rng.integers(5, 3 * block_size)),  # most cross block_size
+                sampling,
+                seed=i,
+                window_mode="refill" if i % 2 else "exact",
+                refill_tokens=3 if i == 5 else None,
+            )
+        )
+    return out
+
+
+def alone(backend, r: Request) -> list[int]:
+    """The request through the engine's own loop, alone."""
+    args = (r.max_new_tokens, r.sampling, r.seed, r.window_mode, r.refill_tokens)
+    return [int(t[0]) for t in generate_tokens(backend, [r.prompt_ids], *args)]
+
+
+@pytest.fixture(scope="module", params=["torch", "onnx"])
+def backend(request, exported_dir):
+    if request.param == "torch":
+        return TorchBackend(make_tiny_model())  # the weights of the exported model
+    return OnnxBackend(exported_dir, threads=1)
+
+
+def test_batched_tokens_equal_each_request_alone(backend):
+    """8 requests joining one step apart (one prefill per step), running past block_size in both window modes."""
+    reqs = requests()
+    scheduler = Scheduler(backend, max_batch=8, max_prefills_per_step=1, max_recompute_per_step=2)
+    try:
+        streams = [scheduler.submit(r) for r in reqs]
+        got = [list(s) for s in streams]
+    finally:
+        scheduler.close()
+    for i, r in enumerate(reqs):
+        assert got[i] == alone(backend, r), (i, r.window_mode)
+    assert scheduler.stats()["steps"] < sum(len(g) for g in got)  # rows shared forward passes
+
+
+def test_requests_joining_a_running_batch_get_their_own_tokens(backend):
+    reqs = requests(12)
+    scheduler = Scheduler(backend, max_batch=4)  # more requests than rows: they wait, then join mid-flight
+    try:
+        streams = []
+        for r in reqs:
+            streams.append(scheduler.submit(r))
+            time.sleep(0.002)
+        got = [list(s) for s in streams]
+    finally:
+        scheduler.close()
+    assert got == [alone(backend, r) for r in reqs]
+
+
+def test_a_cancelled_request_costs_no_further_forward_passes(backend):
+    scheduler = Scheduler(backend, max_batch=4)
+    try:
+        stream = scheduler.submit(Request([1, 2, 3], 100_000, SamplingParams(1.0), seed=0, window_mode="refill"))
+        tokens = iter(stream)
+        for _ in range(5):
+            next(tokens)
+        tokens.close()  # the consumer goes away: the row leaves at the next step
+        deadline = time.monotonic() + 5
+        while scheduler.stats()["active"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert scheduler.stats()["active"] == 0
+        steps = scheduler.stats()["steps"]
+        time.sleep(0.1)
+        assert scheduler.stats()["steps"] == steps and stream.generated < 100_000
+    finally:
+        scheduler.close()
+
+
+def test_the_queue_is_bounded():
+    scheduler = Scheduler(TorchBackend(make_tiny_model()), max_batch=1, max_queue=2)
+    try:
+        long = Request([1], 100_000, window_mode="refill")
+        running = scheduler.submit(long)
+        deadline = time.monotonic() + 5
+        while scheduler.stats()["active"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        waiting = [scheduler.submit(long), scheduler.submit(long)]
+        with pytest.raises(ServerBusy, match="server busy: 2 requests are already waiting"):
+            scheduler.submit(long)
+        for s in (running, *waiting):
+            s.cancel()
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize(
+    ("request_", "error", "message"),
+    [
+        (Request([], 5), ValueError, "the prompt is empty"),
+        (Request([1, 99], 5), ValueError, r"ids \[99\] outside the vocabulary \[0, 64\]"),
+        (Request([1], 0), ValueError, "max_new_tokens must be an integer >= 1"),
+        (Request([1], 5, seed=-1), ValueError, "seed must be None or an integer >= 0"),
+        (Request([1], 5, window_mode="slide"), ValueError, "window_mode must be one of"),
+        (Request([1], 5, window_mode="refill", refill_tokens=16), ValueError, "refill_tokens must be an integer"),
+        (Request([1], 5, sampling=0.5), TypeError, "sampling must be a SamplingParams"),
+    ],
+)
+def test_bad_requests_are_named(request_, error, message):
+    scheduler = Scheduler(TorchBackend(make_tiny_model()))
+    try:
+        with pytest.raises(error, match=message):
+            scheduler.submit(request_)
+    finally:
+        scheduler.close()
+
+
+def test_a_failing_backend_ends_the_requests_with_its_error_and_the_loop_goes_on():
+    backend = TorchBackend(make_tiny_model())
+    scheduler = Scheduler(backend, max_batch=2)
+    try:
+        scheduler._batch.step = lambda tokens: (_ for _ in ()).throw(RuntimeError("broken step"))
+        with pytest.raises(RuntimeError, match="broken step"):
+            list(scheduler.submit(Request([1, 2], 20)))
+        assert len(list(scheduler.submit(Request([1, 2], 20)))) == 20  # a fresh batch serves the next one
+    finally:
+        scheduler.close()
