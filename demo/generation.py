@@ -252,9 +252,11 @@ def stream_progress(
     activity: Activity | None = None,
     should_stop: Callable[[], bool] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    poll_interval: float = 0.0,
 ) -> Iterator[Progress]:
     """A `Progress` with no tokens once the prompt is encoded, one per generated token, then a last one with
-    `done=True`. Loads the backend on first use.
+    `done=True`. Loads the backend on first use. With `poll_interval` (seconds), the tokens the scheduler made are
+    collected every that often rather than as each one comes (a stream shown at that pace needs no more).
 
     `should_stop` is polled before the first token and after every token; once it returns True the stream ends
     (the last `Progress` has `stopped=True`) and no further forward pass runs.
@@ -276,15 +278,18 @@ def stream_progress(
                 stream = scheduler.submit(job)
             except ServerBusy as e:
                 raise DemoInputError(str(e)) from None
-        for token in () if stream is None else stream:
-            now = clock()
-            first_at = now if first_at is None else first_at
-            text += loaded.vocab.decode([token])
-            activity.token()
-            yield Progress(prompt, text, len(text), first_at - start, now - start, now - first_at)
-            if should_stop is not None and should_stop():
-                stopped = True
-                break
+        while stream is not None and not stopped and (chunk := stream.take()) is not None:
+            for token in chunk:
+                now = clock()
+                first_at = now if first_at is None else first_at
+                text += loaded.vocab.decode([token])
+                activity.token()
+                yield Progress(prompt, text, len(text), first_at - start, now - start, now - first_at)
+                if should_stop is not None and should_stop():
+                    stopped = True
+                    break
+            if poll_interval and not stopped:
+                time.sleep(poll_interval)  # let tokens pile up: one wake-up per interval, not one per token
         ttft = None if first_at is None else first_at - start
         decode = now - (first_at or now)
         yield Progress(prompt, text, len(text), ttft, clock() - start, decode, done=True, stopped=stopped)
@@ -301,6 +306,9 @@ def throttle(progress: Iterator[Progress], interval: float, clock: Callable[[], 
     """
     last = None
     for p in progress:
+        if p.tokens == 0 and not p.done:  # the prompt, before any token: shown at once, and not a token
+            yield p
+            continue
         now = clock()
         if p.done or last is None or now - last >= interval:
             last = now

@@ -125,7 +125,8 @@ class DemoHandlers:
         try:
             request = self._parse([sent[name] for name in FIELDS])
             last = None
-            for p in throttle(stream_progress(self.registry, request, self.activity), self.stream_interval):
+            progress = stream_progress(self.registry, request, self.activity, poll_interval=self.stream_interval)
+            for p in throttle(progress, self.stream_interval):
                 if p.text != last and (p.tokens or p.done):
                     last = p.text
                     yield p.text
@@ -142,7 +143,11 @@ class DemoHandlers:
         try:
             request = self._parse(form)
             progress = stream_progress(
-                self.registry, request, self.activity, should_stop=lambda: self.stops.is_stopped(ticket)
+                self.registry,
+                request,
+                self.activity,
+                should_stop=lambda: self.stops.is_stopped(ticket),
+                poll_interval=self.stream_interval,
             )
             for p in throttle(progress, self.stream_interval):
                 status = "Stopped." if p.stopped else "Done." if p.done else "Generating…"

@@ -88,6 +88,7 @@ class Stream:
         self.submitted_at = time.perf_counter()
         self.first_token_at: float | None = None
         self.generated = 0
+        self._finished = False  # the consumer has seen the end
 
     def cancel(self) -> None:
         if not self.cancelled.is_set():
@@ -96,15 +97,29 @@ class Stream:
 
     def __iter__(self) -> Iterator[int]:
         try:
-            while True:
-                item = self._tokens.get()
-                if item is _DONE:
-                    if self.error is not None:
-                        raise self.error
-                    return
-                yield item
+            while (chunk := self.take()) is not None:
+                yield from chunk
         finally:
             self.cancel()  # a consumer that stops early frees the row (a no-op once finished)
+
+    def take(self) -> list[int] | None:
+        """Every token made since the last call (waiting for at least one), or None once the request is finished.
+
+        A consumer that only needs to look now and then (a page refreshed every 50 ms) sleeps between calls and
+        gets several tokens at once, instead of being woken for every token."""
+        if not self._finished:
+            chunk = [self._tokens.get()]
+            while not self._tokens.empty():
+                chunk.append(self._tokens.get())
+            if chunk[-1] is not _DONE:
+                return chunk
+            self._finished = True
+            if chunk[:-1]:
+                return chunk[:-1]  # the last tokens; the end (or the error) comes at the next call
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return None
 
     # -- the scheduler's side --
 
