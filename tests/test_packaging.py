@@ -92,3 +92,28 @@ def test_the_wheel_and_generic_packages_do_not_clobber_each_other(wheel, tmp_pat
     pip(python, "uninstall", "-y", "gpt-serve")  # and removing ours leaves theirs
     assert run(python, "import training, demo; print(training.DUMMY, demo.DUMMY)") == "training demo"
     assert not (site / "gpt_serve_training").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        ([sys.executable, "-m", "training", "--list-presets"], "ladder-a"),
+        ([sys.executable, "-m", "export", "--help"], "Export a CharGPT model folder to ONNX"),
+        ([sys.executable, "-m", "demo", "--help"], "Launch the gpt-serve web demo"),
+        ([str(Path(sys.executable).parent / "gpt-serve"), "train", "--list-presets"], "ladder-a"),
+        ([str(Path(sys.executable).parent / "gpt-serve"), "export", "--help"], "Export a CharGPT model folder"),
+        ([str(Path(sys.executable).parent / "gpt-serve"), "demo", "--help"], "Launch the gpt-serve web demo"),
+    ],
+    ids=[
+        "python -m training",
+        "python -m export",
+        "python -m demo",
+        "gpt-serve train",
+        "gpt-serve export",
+        "gpt-serve demo",
+    ],
+)
+def test_the_applications_run_from_the_clone_and_as_gpt_serve_subcommands(command, expected):
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert expected in result.stdout

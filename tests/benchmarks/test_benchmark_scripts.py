@@ -48,3 +48,12 @@ def test_decode_benchmark(data_path):
         *("--models", "ladder-a", "--threads", "1", "--past-window-tokens", "4", "--data", str(data_path)),
     )
     assert out.count("| ladder-a |") == 5  # naive, PyTorch engine (KVBuffer, StaticCache), ONNX Runtime fp32, int8
+
+
+def test_serving_benchmark():
+    out = run_script(
+        "serving.py",
+        *("--model", "ladder-a", "--backends", "torch", "onnx", "--streams", "1", "3", "--tokens", "20"),
+        *("--threads", "1", "--window-mode", "exact"),
+    )
+    assert "| torch | 3 | 3/3 |" in out and "| onnx | 1 | 1/1 |" in out

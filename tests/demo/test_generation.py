@@ -91,6 +91,10 @@ def test_throttle_keeps_first_latest_and_final():
     states = [Progress("", "x" * i, i, 0.0, 0.0, 0.0, done=i == 20) for i in range(1, 21)]
     kept = list(throttle(iter(states), interval=50, clock=lambda: next(ticks)))
     assert [p.tokens for p in kept] == [1, 6, 11, 16, 20]
+    # the prompt (no token yet) shows at once and does not hold the first token back
+    ticks = iter(range(0, 1000, 10))
+    kept = list(throttle(iter([Progress("p", "", 0, None, 0.0, 0.0), *states]), 50, clock=lambda: next(ticks)))
+    assert [p.tokens for p in kept] == [0, 1, 6, 11, 16, 20]
 
 
 def test_closing_the_stream_stops_the_compute(registry):
