@@ -3,7 +3,7 @@
 - `demo.app.build_demo(registry) -> gr.Blocks`: the page (loads nothing until asked).
 - `demo.handlers.DemoHandlers`: the functions behind its events and the /generate API.
 - `demo.generation`: request checking, the streaming generator with live stats, the yield throttle.
-- `demo.registry`: model names -> folders, each (model, backend) loaded once and shared.
+- the models come from `gpt_serve.generation.registry.ModelRegistry` (shared with the OpenAI-compatible API).
 - `demo.attention`: per-head attention heat maps of the prompt (numpy colormap).
 - `demo.cli.main(argv)`: the command line.
 

@@ -22,10 +22,10 @@ from types import SimpleNamespace
 import gradio as gr
 
 from gpt_serve.generation import BACKENDS
+from gpt_serve.generation.registry import ModelRegistry
 
 from .generation import Activity, Limits
 from .handlers import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, FIELDS, DemoHandlers, ladder_label
-from .registry import ModelRegistry
 
 DEFAULT_PROMPT = "ROMEO:"
 EXAMPLES = [

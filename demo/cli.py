@@ -131,9 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             "demo: torch is not installed: only the ONNX Runtime backends work, without the attention view",
             file=sys.stderr,
         )
+    from gpt_serve.generation.registry import ModelRegistry
+
     from .app import CSS, build_demo
     from .generation import Limits
-    from .registry import ModelRegistry
 
     try:
         registry = ModelRegistry.discover(

@@ -26,10 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpt_serve.generation import WINDOW_MODES, SamplingParams
+from gpt_serve.generation.registry import ModelRegistry, RequestError, resolve_backend
 from gpt_serve.generation.scheduler import Request, ServerBusy
 from gpt_serve.vocab import UNK_POLICIES
-
-from .registry import DemoInputError, ModelRegistry, resolve_backend
 
 MAX_SEED = 2**32 - 1
 
@@ -114,45 +113,45 @@ class Activity:
 
 def _integer(name: str, value, lo: int, hi: int, hint: str = "") -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise DemoInputError(f"{name} must be an integer in [{lo}, {hi}]{hint}, got {value!r}")
+        raise RequestError(f"{name} must be an integer in [{lo}, {hi}]{hint}, got {value!r}")
     if isinstance(value, (float, np.floating)) and not (math.isfinite(value) and float(value).is_integer()):
-        raise DemoInputError(f"{name} must be a whole number in [{lo}, {hi}]{hint}, got {value!r}")
+        raise RequestError(f"{name} must be a whole number in [{lo}, {hi}]{hint}, got {value!r}")
     if not lo <= value <= hi:
-        raise DemoInputError(f"{name} must be in [{lo}, {hi}]{hint}, got {value!r}")
+        raise RequestError(f"{name} must be in [{lo}, {hi}]{hint}, got {value!r}")
     return int(value)
 
 
 def _number(name: str, value, lo: float, hi: float, lo_open: bool = False, hint: str = "") -> float:
     interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise DemoInputError(f"{name} must be a number in {interval}{hint}, got {value!r}")
+        raise RequestError(f"{name} must be a number in {interval}{hint}, got {value!r}")
     value = float(value)
     if not math.isfinite(value) or value < lo or value > hi or (lo_open and value == lo):
-        raise DemoInputError(f"{name} must be in {interval}{hint}, got {value!r}")
+        raise RequestError(f"{name} must be in {interval}{hint}, got {value!r}")
     return value
 
 
 def parse_request(registry: ModelRegistry, limits: Limits, form: Mapping[str, object]) -> GenerationRequest:
     """Checks what a user (UI or API) sent: the parameters of `DemoHandlers.generate`, by name. Raises
-    `DemoInputError` with a message naming the bad value and what would be accepted. `seed` None or -1 draws a
+    `RequestError` with a message naming the bad value and what would be accepted. `seed` None or -1 draws a
     random seed (reported back in the request); `top_k` None or 0 means no limit. Does not load any model."""
     try:
         return _parse(registry, limits, form)
     except KeyError as e:
-        raise DemoInputError(f"the request has no {e.args[0]!r}") from None
+        raise RequestError(f"the request has no {e.args[0]!r}") from None
 
 
 def _parse(registry: ModelRegistry, limits: Limits, form: Mapping[str, object]) -> GenerationRequest:
     prompt = form["prompt"]
     if not isinstance(prompt, str):
-        raise DemoInputError(f"prompt must be text, got {type(prompt).__name__}")
+        raise RequestError(f"prompt must be text, got {type(prompt).__name__}")
     if not prompt:
-        raise DemoInputError(
+        raise RequestError(
             "the prompt is empty: type at least one character, e.g. a speaker's name and a colon such as 'ROMEO:' "
             "(a single newline starts the text from scratch, as the lesson does)"
         )
     if len(prompt) > limits.max_prompt_chars:
-        raise DemoInputError(
+        raise RequestError(
             f"the prompt is {len(prompt)} characters long; the limit is {limits.max_prompt_chars} "
             f"(the model only reads the last block_size characters anyway)"
         )
@@ -168,9 +167,9 @@ def _parse(registry: ModelRegistry, limits: Limits, form: Mapping[str, object]) 
     model = registry.resolve_model(form["model"])
     window_mode, unk_policy = form["window_mode"], form["unk_policy"]
     if window_mode not in WINDOW_MODES:
-        raise DemoInputError(f"window_mode must be one of {list(WINDOW_MODES)}, got {window_mode!r}")
+        raise RequestError(f"window_mode must be one of {list(WINDOW_MODES)}, got {window_mode!r}")
     if unk_policy not in UNK_POLICIES:
-        raise DemoInputError(f"unk_policy must be one of {list(UNK_POLICIES)}, got {unk_policy!r}")
+        raise RequestError(f"unk_policy must be one of {list(UNK_POLICIES)}, got {unk_policy!r}")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     return GenerationRequest(
         prompt, max_new_tokens, sampling, seed, seed_was_random, backend, model, window_mode, unk_policy
@@ -230,19 +229,19 @@ class StopRequests:
 
 
 def encode_prompt(vocab, prompt: str, unk_policy: str) -> list[int]:
-    """The prompt's ids; DemoInputError naming unknown characters (and the opt-in) otherwise."""
+    """The prompt's ids; RequestError naming unknown characters (and the opt-in) otherwise."""
     try:
         ids = vocab.encode(prompt, unk_policy)
     except ValueError:
         unknown = vocab.unknown(prompt)
         shown = ", ".join(f"{c!r} (position {i})" for i, c in unknown[:10])
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-        raise DemoInputError(
+        raise RequestError(
             f"the prompt has {len(unknown)} character(s) outside this model's vocabulary: {shown}{more}. Remove "
             f"them, or choose to replace them with a space ('Unknown characters'; unk_policy='replace' in the API)"
         ) from None
     if not ids:
-        raise DemoInputError("the prompt has no character left once the unknown ones are dropped")
+        raise RequestError("the prompt has no character left once the unknown ones are dropped")
     return ids
 
 
@@ -277,7 +276,7 @@ def stream_progress(
             try:
                 stream = scheduler.submit(job)
             except ServerBusy as e:
-                raise DemoInputError(str(e)) from None
+                raise RequestError(str(e)) from None
         while stream is not None and not stopped and (chunk := stream.take()) is not None:
             for token in chunk:
                 now = clock()

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import gradio as gr
 
 from gpt_serve.generation import BACKENDS
+from gpt_serve.generation.registry import LADDER_MODELS, ModelRegistry, RequestError
 from gpt_serve.models import LADDER
 
 from .attention import prompt_attention, render_heads
@@ -29,7 +30,6 @@ from .generation import (
     stream_side_by_side,
     throttle,
 )
-from .registry import LADDER_MODELS, DemoInputError, ModelRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def ladder_label(name: str, registry: ModelRegistry) -> str:
     label = f"{stage}: {LADDER.get(name, name)}"
     try:
         loss = registry.info(name)["val_loss"]
-    except DemoInputError:
+    except RequestError:
         return f"{label} (not available)"
     return label if loss is None else f"{label} · val loss {loss:.2f}"
 
@@ -130,7 +130,7 @@ class DemoHandlers:
                 if p.text != last and (p.tokens or p.done):
                     last = p.text
                     yield p.text
-        except DemoInputError as e:
+        except RequestError as e:
             raise gr.Error(str(e), print_exception=False) from None
         except Exception as e:  # a bug or a broken model file: this request fails, the server keeps serving
             logger.exception("generation failed")
@@ -152,7 +152,7 @@ class DemoHandlers:
             for p in throttle(progress, self.stream_interval):
                 status = "Stopped." if p.stopped else "Done." if p.done else "Generating…"
                 yield p.prompt + p.text, format_stats(p, request) if p.tokens or p.done else "", status
-        except DemoInputError as e:
+        except RequestError as e:
             gr.Warning(str(e))
             yield gr.skip(), "", f"⚠️ {e}"
         except Exception as e:
@@ -169,7 +169,7 @@ class DemoHandlers:
             loaded = self.registry.backend(self.registry.resolve_model(model), "torch")
             ids = encode_prompt(loaded.vocab, prompt, unk_policy if unk_policy in ("replace", "drop") else "error")
             weights = prompt_attention(loaded.backend.pretrained, ids)  # (L, H, T, T)
-        except DemoInputError as e:
+        except RequestError as e:
             return None, None, gr.skip(), f"No attention view: {e}"
         except ImportError as e:  # an ONNX-only install: the view needs the PyTorch model
             return None, None, gr.skip(), f"No attention view: it needs PyTorch ({e})"
@@ -188,7 +188,7 @@ class DemoHandlers:
         """One line about the selected model, and whether the selected backend can serve it."""
         try:
             info = self.registry.info(model)
-        except DemoInputError as e:
+        except RequestError as e:
             return f"⚠️ {e}"
         reason = self.registry.unavailable_reason(model, backend)
         ready = f"⚠️ {reason}" if reason else f"{BACKENDS[backend]} ✓"
@@ -219,7 +219,7 @@ class DemoHandlers:
             for texts in stream_side_by_side(streams, self.stream_interval):
                 yield *texts, f"Running: {settings}…"
             yield *skip_all, "Stopped." if self.stops.is_stopped(ticket) else f"Done: {settings}."
-        except DemoInputError as e:
+        except RequestError as e:
             yield *skip_all, f"⚠️ {e}"
         finally:
             self.stops.forget(ticket)

@@ -86,3 +86,31 @@ def exported(tmp_path_factory, tiny_model_dir, corpus):
 def exported_dir(exported) -> Path:
     """The exported tiny model's folder; tests that change files work on a copy (`shutil.copytree`)."""
     return exported[0]
+
+
+LADDER_SEEDS = {"ladder-a": 1, "ladder-b": 2}  # ladder-c..e stay missing: servers must say so
+
+
+@pytest.fixture(scope="session")
+def models_root(tmp_path_factory, tiny_model_dir, exported) -> Path:
+    """tiny (block_size 16, with onnx/model.onnx and onnx/model_quantized.onnx), ladder-a and ladder-b (block 8)."""
+    from gpt_serve import CharTokenizer
+    root = tmp_path_factory.mktemp("demo-models")
+    folder, report = exported
+    assert report.passed, report
+    shutil.copytree(folder, root / "tiny")
+    tokenizer = CharTokenizer.from_pretrained(tiny_model_dir)
+    for name, seed in LADDER_SEEDS.items():
+        make_tiny_model(seed=seed, block_size=8, n_layer=1).save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    # what training writes next to a model: the compare view shows the last validation loss
+    metrics = ['{"step": 0, "val_loss": 4.2}', "not json", '{"step": 9, "val_loss": 3.25}']
+    (root / "ladder-a" / "metrics.jsonl").write_text("\n".join(metrics) + "\n")
+    return root
+
+
+@pytest.fixture(scope="session")
+def registry(models_root):
+    from gpt_serve.generation.registry import ModelRegistry
+
+    return ModelRegistry.discover(models_root=models_root, threads=1)

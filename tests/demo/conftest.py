@@ -4,10 +4,8 @@ session on 127.0.0.1 (a free port), shared by the API and browser tests."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 from contextlib import contextmanager
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,40 +15,12 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home from
 # The served app accepts long generations so that a test can stop one that is still running (the tiny model makes
 # ~1000 tokens/s on a loaded 2-core machine).
 SERVER_MAX_NEW_TOKENS = 20_000
-LADDER_SEEDS = {"ladder-a": 1, "ladder-b": 2}  # ladder-c..e stay missing: the demo must say so
 
 
 def pytest_configure(config):
     # gradio's queue analytics call pandas APIs that pandas 3 deprecates: not ours to fix, and noisy
     config.addinivalue_line("filterwarnings", "ignore:.*no_silent_downcasting:DeprecationWarning")
     config.addinivalue_line("filterwarnings", "ignore:The copy keyword is deprecated:DeprecationWarning")
-
-
-@pytest.fixture(scope="session")
-def models_root(tmp_path_factory, tiny_model_dir, exported) -> Path:
-    """tiny (block_size 16, with onnx/model.onnx and onnx/model_quantized.onnx), ladder-a and ladder-b (block 8)."""
-    from gpt_serve import CharTokenizer
-    from tests.conftest import make_tiny_model
-
-    root = tmp_path_factory.mktemp("demo-models")
-    folder, report = exported
-    assert report.passed, report
-    shutil.copytree(folder, root / "tiny")
-    tokenizer = CharTokenizer.from_pretrained(tiny_model_dir)
-    for name, seed in LADDER_SEEDS.items():
-        make_tiny_model(seed=seed, block_size=8, n_layer=1).save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    # what training writes next to a model: the compare view shows the last validation loss
-    metrics = ['{"step": 0, "val_loss": 4.2}', "not json", '{"step": 9, "val_loss": 3.25}']
-    (root / "ladder-a" / "metrics.jsonl").write_text("\n".join(metrics) + "\n")
-    return root
-
-
-@pytest.fixture(scope="session")
-def registry(models_root):
-    from demo.registry import ModelRegistry
-
-    return ModelRegistry.discover(models_root=models_root, threads=1)
 
 
 def free_port() -> int:

@@ -12,9 +12,9 @@ import pytest
 from demo.app import build_demo
 from demo.generation import (
     Activity,
-    DemoInputError,
     Limits,
     Progress,
+    RequestError,
     StopRequests,
     parse_request,
     stream_progress,
@@ -220,7 +220,7 @@ def test_ui_compare_runs_the_ladder(handlers):
 
 
 def test_backends_load_once_and_are_shared(models_root):
-    from demo.registry import ModelRegistry
+    from gpt_serve.generation.registry import ModelRegistry
 
     fresh = ModelRegistry.discover(models_root=models_root, threads=1)
     results = []
@@ -234,7 +234,7 @@ def test_backends_load_once_and_are_shared(models_root):
 
 
 def test_parse_request_rejects_unknown_model_before_loading(registry):
-    with pytest.raises(DemoInputError, match="unknown model"):
+    with pytest.raises(RequestError, match="unknown model"):
         parse_request(registry, Limits(), {**GOOD, "model": "../etc"})
 
 

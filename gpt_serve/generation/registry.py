@@ -1,4 +1,6 @@
-"""The demo's models: which names exist, where their folders are, and each backend loaded once and shared.
+"""A server's models: which names exist, where their folders are, each backend loaded once and shared.
+
+The demo and the OpenAI-compatible API (`gpt_serve.api`) serve through one `ModelRegistry`.
 
 A `ModelRegistry` maps model names to folders (or to None: a model the demo expects, such as a ladder stage that
 has not been trained yet, so the UI can list it and say why it is missing). Nothing is loaded until asked for;
@@ -17,9 +19,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpt_serve.generation import BACKENDS, LoadedModel, load_backend
-from gpt_serve.generation.scheduler import Scheduler
-from gpt_serve.models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
+from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
+from .loading import BACKENDS, LoadedModel, load_backend
+from .scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -29,16 +31,16 @@ EXPECTED_MODELS = (DEFAULT_MODEL, *LADDER_MODELS)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class DemoInputError(ValueError):
-    """A request the demo refuses, with a message meant for the person who sent it."""
+class RequestError(ValueError):
+    """A request a server refuses, with a message meant for the person who sent it."""
 
 
-class ModelUnavailable(DemoInputError):
+class ModelUnavailable(RequestError):
     """The model or backend exists as a choice but cannot be served (not trained, not exported, not installed)."""
 
 
 def resolve_backend(value: Any) -> str:
-    """A backend key from a key, an alias or a UI label (case-insensitive); DemoInputError otherwise."""
+    """A backend key from a key, an alias or a UI label (case-insensitive); RequestError otherwise."""
     if isinstance(value, str):
         text = value.strip().lower()
         for key, label in BACKENDS.items():
@@ -47,7 +49,7 @@ def resolve_backend(value: Any) -> str:
         if text in _BACKEND_ALIASES:
             return _BACKEND_ALIASES[text]
     choices = ", ".join(f"{k!r} ({v})" for k, v in BACKENDS.items())
-    raise DemoInputError(f"unknown backend {value!r}: choose one of {choices}")
+    raise RequestError(f"unknown backend {value!r}: choose one of {choices}")
 
 
 def parse_model_dir(spec: str) -> tuple[str, Path]:
@@ -157,11 +159,11 @@ class ModelRegistry:
 
     def resolve_model(self, name: Any) -> str:
         if not isinstance(name, str) or name.strip() not in self.folders:
-            raise DemoInputError(f"unknown model {name!r}: choose one of {self.names}")
+            raise RequestError(f"unknown model {name!r}: choose one of {self.names}")
         return name.strip()
 
     def folder(self, name: Any) -> Path:
-        """The folder of a model; DemoInputError for an unknown name, ModelUnavailable for a missing folder."""
+        """The folder of a model; RequestError for an unknown name, ModelUnavailable for a missing folder."""
         name = self.resolve_model(name)
         folder = self.folders[name]
         if folder is None or not is_model_folder(folder):
@@ -178,7 +180,7 @@ class ModelRegistry:
         try:
             folder = self.folder(name)
             key = resolve_backend(backend)
-        except DemoInputError as e:
+        except RequestError as e:
             return str(e)
         if key != "torch":
             try:
