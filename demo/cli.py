@@ -118,6 +118,18 @@ def preload(registry, model: str, backend: str) -> str:
     return f"{model}/{backend} loaded and warmed up in {time.perf_counter() - start:.2f} s"
 
 
+def mount_api(app, registry, default_backend: str, max_tokens_limit: int) -> bool:
+    """Adds the OpenAI-compatible API (`gpt_serve.api`) to the demo's FastAPI app: the same process, the same
+    schedulers. False (with a message) where its dependencies are not installed."""
+    try:
+        from gpt_serve.api import create_router
+    except ImportError as e:
+        print(f"demo: no OpenAI-compatible API ({e}; pip install 'gpt-serve[serve]')", file=sys.stderr)
+        return False
+    app.include_router(create_router(registry, default_backend, max_tokens_limit))
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -159,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         concurrency=args.concurrency,
     )
     try:
-        demo.launch(
+        app, _, _ = demo.launch(
             server_name=args.host,
             server_port=args.port,
             share=args.share,
@@ -171,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"demo: error: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 2
+    if mount_api(app, registry, args.backend, args.max_new_tokens_limit):
+        print(f"demo: OpenAI-compatible API at http://{args.host}:{args.port}/v1 (POST /v1/completions, /v1/models)")
     age = seconds_since_process_start()
     print(
         f"demo: ready in {age:.1f} s (since the process started; Ctrl+C stops it)"

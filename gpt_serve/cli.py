@@ -2,6 +2,7 @@
 
     gpt-serve generate [MODEL] --prompt "ROMEO:" --max-new-tokens 300 [--backend torch|onnx|onnx-int8]
     gpt-serve models                  # the shipped models
+    gpt-serve serve --port 8000       # the OpenAI-compatible API (POST /v1/completions), no web page
     gpt-serve train ...               # the training pipeline (python -m training from a clone)
     gpt-serve ladder ...              # the lesson's loss ladder (python -m training.ladder)
     gpt-serve export MODEL ...        # ONNX export (python -m export)
@@ -97,6 +98,28 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from .api import create_app
+    except ImportError as e:
+        print(f"gpt-serve serve: cannot import {e.name} ({e}); pip install 'gpt-serve[serve]'", file=sys.stderr)
+        return 2
+    from .generation.registry import ModelRegistry
+
+    registry = ModelRegistry.discover(
+        args.model_dir, args.models_root, expected=(), threads=args.threads, max_batch=args.max_batch,
+        max_queue=args.max_queue,
+    )  # fmt: skip
+    if not registry.available:
+        raise ValueError(f"no model folder found under {args.models_root} or in --model-dir")
+    app = create_app(registry, default_backend=args.backend, max_tokens_limit=args.max_tokens_limit)
+    print(f"gpt-serve serve: models {registry.available} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
 def _models(args: argparse.Namespace) -> int:
     from .models import discover
 
@@ -138,9 +161,31 @@ def build_parser(apps: dict[str, EntryPoint] | None = None) -> argparse.Argument
     g.set_defaults(func=_generate)
     m = sub.add_parser("models", help="list the shipped models")
     m.set_defaults(func=_models)
+    _serve_parser(sub)
     for name in apps if apps is not None else app_commands():
         sub.add_parser(name, help=COMMAND_HELP.get(name, f"see `gpt-serve {name} --help`"), add_help=False)
     return p
+
+
+def _serve_parser(sub) -> None:
+    from .models import MODELS_DIR
+
+    s = sub.add_parser(
+        "serve",
+        help="serve the OpenAI-compatible completions API (no web page)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    s.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: every interface, opt-in)")
+    s.add_argument("--port", type=positive_int, default=8000)
+    s.add_argument("--models-root", default=str(MODELS_DIR), help="folder whose sub-folders are the models")
+    s.add_argument("--model-dir", action="append", default=[], metavar="[NAME=]PATH", help="add a model folder")
+    s.add_argument("--backend", choices=list(BACKENDS), default="torch", help="when a request names none")
+    s.add_argument("--threads", type=positive_int, default=None, help="threads per forward pass (none: all)")
+    s.add_argument("--max-batch", type=positive_int, default=16, help="requests decoded at once, per model")
+    s.add_argument("--max-queue", type=positive_int, default=256, help="requests waiting; past it: 429")
+    s.add_argument("--max-tokens-limit", type=positive_int, default=2000, help="the largest max_tokens accepted")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(func=_serve)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -244,6 +244,11 @@ class ModelRegistry:
                 scheduler = self._schedulers[key]
         return scheduler
 
+    def schedulers(self) -> dict[tuple[str, str], Scheduler]:
+        """The decode loops started so far, by (model, backend key)."""
+        with self._locks_lock:
+            return dict(self._schedulers)
+
     def close(self) -> None:
         """Stops the decode loops (requests still running end with an error)."""
         with self._locks_lock:

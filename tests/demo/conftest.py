@@ -30,11 +30,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(blocks):
-    """Launches `blocks` on 127.0.0.1 on a free port without blocking; yields its URL; closes it."""
-    _, url, _ = blocks.launch(
+def serve(blocks, registry=None):
+    """Launches `blocks` on 127.0.0.1 on a free port without blocking, with the OpenAI-compatible API of `registry`
+    mounted as `python -m demo` does; yields its URL; closes it."""
+    from demo.cli import mount_api
+
+    app, url, _ = blocks.launch(
         server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, ssr_mode=False
     )
+    if registry is not None:
+        assert mount_api(app, registry, "torch", SERVER_MAX_NEW_TOKENS)
     try:
         yield url
     finally:
@@ -56,8 +61,8 @@ def server(registry):
         concurrency=16,
         activity=activity,
     )
-    with serve(blocks) as url:
-        yield SimpleNamespace(url=url, demo=blocks, activity=activity)
+    with serve(blocks, registry) as url:
+        yield SimpleNamespace(url=url.rstrip("/"), demo=blocks, activity=activity)
 
 
 def wait_until(condition, timeout: float, interval: float = 0.02) -> bool:

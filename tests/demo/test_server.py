@@ -147,3 +147,13 @@ def test_cli_defaults_bind_localhost_only():
     assert (args.host, args.port, args.share, args.backend, args.concurrency) == ("127.0.0.1", 7860, False, "torch", 16)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--port", "70000"])
+
+
+def test_the_openai_api_runs_in_the_same_process_with_the_same_tokens(client, server):
+    """`python -m demo` also serves POST /v1/completions, through the same schedulers as /generate."""
+    import openai
+
+    api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    out = api.completions.create(model="tiny", prompt="ROMEO:", max_tokens=50, temperature=0.8, seed=21)
+    page = client.predict(prompt="ROMEO:", max_new_tokens=50, seed=21, model="tiny", api_name="/generate")
+    assert out.choices[0].text == page and len(page) == 50

@@ -1,0 +1,162 @@
+"""The OpenAI-compatible API, driven by the official `openai` client against a server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from gpt_serve.generation import SamplingParams, generate_text
+from gpt_serve.generation.registry import ModelRegistry
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def api(models_root):
+    """The API alone (`gpt_serve.api.create_app`) over its own registry: 2 rows at once, 2 waiting at most."""
+    import uvicorn
+
+    from gpt_serve.api import create_app
+
+    registry = ModelRegistry.discover(models_root=models_root, expected=(), threads=1, max_batch=2, max_queue=2)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(registry), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    url = f"http://127.0.0.1:{port}"
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    yield client, url, registry
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def expected(registry, prompt: str, n: int, seed: int, backend: str = "torch", temperature: float = 1.0) -> str:
+    """The engine's text for the request alone (OpenAI's default temperature is 1)."""
+    loaded = registry.backend("tiny", backend)
+    return generate_text(loaded.backend, loaded.vocab, prompt, n, SamplingParams(temperature), seed=seed)
+
+
+def test_models_and_health(api):
+    client, url, _ = api
+    assert "tiny" in [m.id for m in client.models.list().data]
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_a_completion_is_the_engines_text_for_its_seed(api, backend):
+    client, _, registry = api
+    out = client.completions.create(
+        model="tiny", prompt="ROMEO:", max_tokens=30, temperature=0.8, seed=5, extra_body={"backend": backend}
+    )
+    assert out.object == "text_completion" and out.choices[0].finish_reason == "length"
+    assert out.choices[0].text == expected(registry, "ROMEO:", 30, 5, backend, temperature=0.8)
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (6, 30, 36)
+
+
+def test_streaming_gives_the_same_text_in_chunks_ending_with_done(api):
+    client, url, registry = api
+    chunks = list(client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=40, seed=7, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == expected(registry, "ROMEO:", 40, 7)
+    assert chunks[-1].choices[0].finish_reason == "length" and len(chunks) > 2
+    body = {"model": "tiny", "prompt": "A", "max_tokens": 3, "stream": True}
+    assert httpx.post(f"{url}/v1/completions", json=body).text.rstrip().endswith("data: [DONE]")
+
+
+def test_a_list_of_prompts_gets_one_choice_each_and_usage_in_the_stream(api):
+    client, _, registry = api
+    out = client.completions.create(model="tiny", prompt=["ROMEO:", "JULIET:"], max_tokens=12, seed=3)
+    assert [c.index for c in out.choices] == [0, 1]
+    assert [c.text for c in out.choices] == [expected(registry, "ROMEO:", 12, 3), expected(registry, "JULIET:", 12, 4)]
+    chunks = list(
+        client.completions.create(
+            model="tiny", prompt=["A", "B"], max_tokens=5, seed=1, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[-1].usage.completion_tokens == 10 and chunks[-1].choices == []
+
+
+def test_a_stop_sequence_ends_the_text_before_it(api):
+    client, _, registry = api
+    free = expected(registry, "ROMEO:", 60, 11)
+    stop = free[20:22]
+    out = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=60, seed=11, stop=[stop, "@@"])
+    assert out.choices[0].text == free[: free.index(stop)] and out.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=60, seed=11, stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == free[: free.index(stop)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(temperature=5), "temperature must be in [0, 2], got 5"),
+        (dict(max_tokens=0), "max_tokens must be in [1, 2000], got 0"),
+        (dict(top_p=0), "top_p must be in (0, 1], got 0"),
+        (dict(n=2), "n must be 1"),
+        (dict(logprobs=2), "logprobs is not supported"),
+        (dict(prompt="ROMEO é"), "'é' at 6"),
+        (dict(prompt=[1, 2, 3]), "token arrays are not supported"),
+        (dict(stop=["a", "b", "c", "d", "e"]), "stop must be a string or a list of at most 4"),
+        (dict(extra_body={"window_mode": "slide"}), "window_mode must be one of ['exact', 'refill']"),
+        (dict(extra_body={"top_k": -1}), "top_k must be in [0, 1e+06], got -1"),
+        (dict(extra_body={"backend": "cuda"}), "backend must be one of ['torch', 'onnx', 'onnx-int8']"),
+    ],
+)
+def test_bad_requests_get_a_400_naming_the_problem(api, kwargs, message):
+    client, _, _ = api
+    args = dict(model="tiny", prompt="ROMEO:", max_tokens=5) | kwargs
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(**args)
+    assert message in error.value.message
+
+
+def test_an_unknown_model_is_a_404_and_a_missing_export_a_503(api):
+    client, _, _ = api
+    with pytest.raises(openai.NotFoundError, match="the model 'gpt-4' does not exist"):
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+    with pytest.raises(openai.InternalServerError, match="is not available for model 'ladder-a'"):
+        client.completions.create(model="ladder-a", prompt="x", max_tokens=2, extra_body={"backend": "onnx"})
+
+
+def test_a_full_queue_is_a_429_and_a_client_that_leaves_frees_its_row(api):
+    client, url, registry = api
+    long = {"model": "tiny", "prompt": "ROMEO:", "max_tokens": 2000, "stream": True, "window_mode": "refill"}
+    with httpx.Client(timeout=30) as http:
+        streams = [http.stream("POST", f"{url}/v1/completions", json=long) for _ in range(4)]  # 2 rows + 2 waiting
+        responses = [s.__enter__() for s in streams]
+        assert all(r.status_code == 200 for r in responses)
+        scheduler = registry.scheduler("tiny", "torch")
+        assert wait_for(lambda: scheduler.stats() == {**scheduler.stats(), "active": 2, "waiting": 2})
+        with pytest.raises(openai.RateLimitError, match="server busy"):
+            client.completions.create(model="tiny", prompt="x", max_tokens=2)
+        next(responses[0].iter_lines())
+        for s in streams:  # the clients go away mid-stream
+            s.__exit__(None, None, None)
+    assert wait_for(lambda: scheduler.stats()["active"] == 0 and scheduler.stats()["waiting"] == 0)
+    steps = scheduler.stats()["steps"]
+    time.sleep(0.1)
+    assert scheduler.stats()["steps"] == steps  # no forward pass for them any more
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'gpt_serve_active_rows{backend="torch",model="tiny"} 0.0' in metrics
+    assert "gpt_serve_time_to_first_token_seconds_count" in metrics
+
+
+def wait_for(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return bool(condition())
