@@ -28,6 +28,22 @@ ARCH_KEYS = (
 
 SCHEDULES = ("constant", "cosine")
 
+# The training options that decide the optimization a run does (the model card records them; a checkpoint must
+# share them, and `eval_interval`, with the run resuming it).
+OPTIMIZATION_KEYS = (
+    "batch_size",
+    "grad_accum",
+    "learning_rate",
+    "schedule",
+    "warmup_iters",
+    "min_lr",
+    "max_iters",
+    "seed",
+    "weight_decay",
+    "grad_clip",
+    "eval_iters",
+)
+
 
 # What `model` may set: CharGPTConfig's own arguments, except the vocabulary size, which the corpus decides.
 MODEL_KEYS = tuple(

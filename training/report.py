@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .config import ARCH_KEYS
+from .config import ARCH_KEYS, OPTIMIZATION_KEYS
 
 METRICS_NAME = "metrics.jsonl"
 
@@ -190,23 +190,7 @@ def write_model_card(trainer, result: dict) -> None:
     sample = generate_sample(trainer.model, trainer.tokenizer, cfg.sample_tokens)
     val, train = result["val_loss"], result["train_loss"]
     arch = {k: getattr(mc, k) for k in ARCH_KEYS}
-    train_opts = {
-        k: getattr(cfg, k)
-        for k in (
-            "batch_size",
-            "grad_accum",
-            "learning_rate",
-            "schedule",
-            "warmup_iters",
-            "min_lr",
-            "max_iters",
-            "weight_decay",
-            "grad_clip",
-            "eval_iters",
-            "seed",
-            "keep_best",
-        )
-    }
+    train_opts = {k: getattr(cfg, k) for k in (*OPTIMIZATION_KEYS, "keep_best")}
     chosen = "best validation loss" if cfg.keep_best else "last step"
     early = f", stopped early at step {result['final_step']}" if result.get("stopped_early") else ""
     sequences = cfg.batch_size * cfg.grad_accum * trainer.rt.world_size

@@ -23,7 +23,7 @@ from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
 from gpt_serve.corpus import load_text
 
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
-from .config import ARCH_KEYS, MODEL_KEYS, SCHEDULES, TrainConfig, make_scheduler  # noqa: F401  (re-exported)
+from .config import ARCH_KEYS, MODEL_KEYS, OPTIMIZATION_KEYS, SCHEDULES, TrainConfig, make_scheduler  # noqa: F401
 from .data import CharDataset
 from .kernels import use_cpu_training_kernels
 from .report import append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
@@ -86,27 +86,13 @@ class Trainer:
 
     def run_identity(self) -> dict:
         """Settings a checkpoint must share with the run resuming it."""
-        keys = [
-            "batch_size",
-            "grad_accum",
-            "learning_rate",
-            "schedule",
-            "warmup_iters",
-            "min_lr",
-            "max_iters",
-            "seed",
-            "weight_decay",
-            "grad_clip",
-            "eval_interval",
-            "eval_iters",
-        ]
         return {
             "model_config": {k: getattr(self.model_config, k) for k in ARCH_KEYS},
             "vocab": self.tokenizer.vocab.sha256,
             "data_sha256": self.data_sha256,
             "world_size": self.rt.world_size,
             "betas": [self.cfg.beta1, self.cfg.beta2],
-            **{k: getattr(self.cfg, k) for k in keys},
+            **{k: getattr(self.cfg, k) for k in (*OPTIMIZATION_KEYS, "eval_interval")},
         }
 
     def _rng_state(self) -> dict:
