@@ -101,7 +101,7 @@ def seconds_since_process_start() -> float | None:
 
 def preload(registry, model: str, backend: str) -> str:
     """Loads (model, backend) and the attention model, and runs a few tokens through both; returns a summary."""
-    from gpt_serve.generation import generate_text
+    from gpt_serve.generation.scheduler import Request
 
     from .attention import prompt_attention
 
@@ -109,10 +109,11 @@ def preload(registry, model: str, backend: str) -> str:
     reason = registry.unavailable_reason(model, backend)
     if reason:
         return f"not preloaded: {reason}"
-    loaded = registry.backend(model, backend)
-    generate_text(loaded.backend, loaded.vocab, loaded.vocab.chars[0], 8, seed=0)  # warm-up: first calls allocate
+    # warm-up: first calls allocate; through the scheduler, whose thread is the one that runs the backend
+    list(registry.scheduler(model, backend).submit(Request([0], 8, seed=0)))
     try:
-        prompt_attention(registry.backend(model, "torch").backend.pretrained, [0, 1])
+        torch_model = registry.backend(model, "torch").backend.pretrained
+        registry.scheduler(model, "torch").call(prompt_attention, torch_model, [0, 1])
     except ImportError:
         pass
     return f"{model}/{backend} loaded and warmed up in {time.perf_counter() - start:.2f} s"

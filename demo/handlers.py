@@ -166,9 +166,11 @@ class DemoHandlers:
         if not isinstance(prompt, str) or not prompt:
             return None, None, gr.skip(), ""
         try:
-            loaded = self.registry.backend(self.registry.resolve_model(model), "torch")
+            name = self.registry.resolve_model(model)
+            loaded = self.registry.backend(name, "torch")
             ids = encode_prompt(loaded.vocab, prompt, unk_policy if unk_policy in ("replace", "drop") else "error")
-            weights = prompt_attention(loaded.backend.pretrained, ids)  # (L, H, T, T)
+            # on the decode loop's thread, which runs the model (see `Scheduler.call`)
+            weights = self.registry.scheduler(name, "torch").call(prompt_attention, loaded.backend.pretrained, ids)
         except RequestError as e:
             return None, None, gr.skip(), f"No attention view: {e}"
         except ImportError as e:  # an ONNX-only install: the view needs the PyTorch model

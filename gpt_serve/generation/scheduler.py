@@ -27,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -193,9 +194,13 @@ class Scheduler:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
-        self._batch = backend.new_batch(max_batch)
+        # Made by the loop's own thread: the one thread that runs the backend. (PyTorch's OpenMP gives every thread
+        # that runs a parallel op, even a buffer's zero fill, its own team; two live teams on two cores stop
+        # spinning and every op pays a wake-up: one decode step went from 1 to 3 ms.)
+        self._batch: DecodeBatch | None = None
         self._batched: list[_Row] = []  # row i of self._batch
         self._recompute: deque[_Row] = deque()  # exact-mode rows past their window
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # (function, args, future) to run on the loop's thread
         self.steps = 0  # forward passes run (decode steps, prefills and full-window recomputes)
         self.tokens = 0
         self._thread = threading.Thread(target=self._loop, name="gpt-serve-scheduler", daemon=True)
@@ -218,6 +223,18 @@ class Scheduler:
             self._waiting.append(stream)
         self._wake.set()
         return stream
+
+    def call(self, function, *args):
+        """Runs `function(*args)` on the loop's thread, between two decode steps, and returns its result (or raises
+        its error). For other work on the same model (the demo's attention maps), so that one thread runs the
+        backend: see the note in `__init__`."""
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            self._calls.put((function, args, future))
+        self._wake.set()
+        return future.result()
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -258,11 +275,13 @@ class Scheduler:
     # -- the loop --
 
     def _loop(self) -> None:
+        self._batch = self.backend.new_batch(self.max_batch)
         while True:
             with self._lock:
                 closed = self._closed
             if closed:
                 break
+            self._run_calls()
             try:
                 self._drop_cancelled()
                 self._admit()
@@ -273,11 +292,21 @@ class Scheduler:
                 self._fail_all(e)
             if not self._batched and not self._recompute:
                 with self._lock:
-                    idle = not self._waiting and not self._closed
+                    idle = not self._waiting and not self._closed and self._calls.empty()
                 if idle:
                     self._wake.wait()
                     self._wake.clear()
         self._fail_all(RuntimeError("the scheduler was closed"), waiting=True)
+        while not self._calls.empty():
+            self._calls.get()[2].set_exception(RuntimeError("the scheduler was closed"))
+
+    def _run_calls(self) -> None:
+        while not self._calls.empty():
+            function, args, future = self._calls.get()
+            try:
+                future.set_result(function(*args))
+            except BaseException as e:  # the caller gets it
+                future.set_exception(e)
 
     def _drop_cancelled(self) -> None:
         for i in reversed(range(len(self._batched))):

@@ -141,9 +141,24 @@ def test_a_failing_backend_ends_the_requests_with_its_error_and_the_loop_goes_on
     backend = TorchBackend(make_tiny_model())
     scheduler = Scheduler(backend, max_batch=2)
     try:
+        scheduler.call(lambda: None)  # the loop runs: its batch exists
         scheduler._batch.step = lambda tokens: (_ for _ in ()).throw(RuntimeError("broken step"))
         with pytest.raises(RuntimeError, match="broken step"):
             list(scheduler.submit(Request([1, 2], 20)))
         assert len(list(scheduler.submit(Request([1, 2], 20)))) == 20  # a fresh batch serves the next one
     finally:
         scheduler.close()
+
+
+def test_call_runs_on_the_loop_thread_and_returns_or_raises():
+    import threading
+
+    scheduler = Scheduler(TorchBackend(make_tiny_model()))
+    try:
+        assert scheduler.call(lambda: threading.current_thread().name) == "gpt-serve-scheduler"
+        with pytest.raises(ZeroDivisionError):
+            scheduler.call(lambda: 1 / 0)
+    finally:
+        scheduler.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        scheduler.call(lambda: None)
