@@ -133,12 +133,15 @@ def test_an_unknown_model_is_a_404_and_a_missing_export_a_503(api):
 def test_a_full_queue_is_a_429_and_a_client_that_leaves_frees_its_row(api):
     client, url, registry = api
     long = {"model": "tiny", "prompt": "ROMEO:", "max_tokens": 2000, "stream": True, "window_mode": "refill"}
+    scheduler = registry.scheduler("tiny", "torch")
     with httpx.Client(timeout=30) as http:
-        streams = [http.stream("POST", f"{url}/v1/completions", json=long) for _ in range(4)]  # 2 rows + 2 waiting
-        responses = [s.__enter__() for s in streams]
-        assert all(r.status_code == 200 for r in responses)
-        scheduler = registry.scheduler("tiny", "torch")
-        assert wait_for(lambda: scheduler.stats() == {**scheduler.stats(), "active": 2, "waiting": 2})
+        streams, responses = [], []
+        for active, waiting in ((1, 0), (2, 0), (2, 1), (2, 2)):  # 2 rows decoding, then 2 waiting
+            streams.append(http.stream("POST", f"{url}/v1/completions", json=long))
+            responses.append(streams[-1].__enter__())
+            assert responses[-1].status_code == 200
+            expected = {"active": active, "waiting": waiting}
+            assert wait_for(lambda e=expected: {k: scheduler.stats()[k] for k in e} == e), scheduler.stats()
         with pytest.raises(openai.RateLimitError, match="server busy"):
             client.completions.create(model="tiny", prompt="x", max_tokens=2)
         next(responses[0].iter_lines())
