@@ -2,19 +2,23 @@
 
     python benchmarks/serving.py --threads 2                       # shipped model, torch and onnx-int8, 1/4/16/64
     python benchmarks/serving.py --backends onnx --streams 1 16 --window-mode exact
+    python benchmarks/serving.py --threads 2 --over api            # the same over HTTP: `gpt-serve serve`, openai
 
 For each backend and each number of concurrent streams N: N requests of `--tokens` tokens each are submitted at
 once to one `Scheduler` and read by N consumer threads (as a server's request handlers would). It prints the
 aggregate tokens/s (all tokens over the wall time), the per-stream tokens/s (p50 of each stream's tokens over its
-own time), and time to first token p50/p95. The HTTP layers' costs (the demo's /generate) are measured by
-`benchmarks/demo_load.py`; this script measures what the scheduler itself gives.
+own time), and time to first token p50/p95. With `--over api` the streams go through the OpenAI-compatible API of
+a `gpt-serve serve` process started here (on 127.0.0.1, a free port), read with the `openai` client; the demo's
+/generate is measured by `benchmarks/demo_load.py`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -33,23 +37,51 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def run(scheduler: Scheduler, prompt: list[int], n: int, tokens: int, window_mode: str) -> dict:
+def scheduler_stream(scheduler: Scheduler, prompt: list[int], tokens: int, window_mode: str):
+    """A consumer of one stream through `scheduler`: yields the number of tokens each time some arrive."""
+
+    def consume(seed: int):
+        stream = scheduler.submit(Request(prompt, tokens, SamplingParams(0.8), seed=seed, window_mode=window_mode))
+        while (chunk := stream.take()) is not None:
+            yield len(chunk)
+
+    return consume
+
+
+def api_stream(url: str, model: str, backend: str, prompt: str, tokens: int, window_mode: str):
+    """The same through the OpenAI-compatible API (characters are tokens here)."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+    extra = {"backend": backend, "window_mode": window_mode}
+
+    def consume(seed: int):
+        chunks = client.completions.create(
+            model=model, prompt=prompt, max_tokens=tokens, temperature=0.8, seed=seed, stream=True, extra_body=extra
+        )
+        for chunk in chunks:
+            if chunk.choices and chunk.choices[0].text:
+                yield len(chunk.choices[0].text)
+
+    return consume
+
+
+def run(consume, n: int, tokens: int) -> dict:
     """N streams at once; per stream (time to first token, tokens/s after it), and the aggregate."""
     results: list[tuple[float, float, int]] = []
     lock = threading.Lock()
 
-    def consume(seed: int) -> None:
+    def one(seed: int) -> None:
         start = time.perf_counter()
-        stream = scheduler.submit(Request(prompt, tokens, SamplingParams(0.8), seed=seed, window_mode=window_mode))
         count, first = 0, None
-        while (chunk := stream.take()) is not None:
+        for got in consume(seed):
             first = first or time.perf_counter()
-            count += len(chunk)
+            count += got
         end = time.perf_counter()
         with lock:
             results.append((first - start, (count - 1) / max(end - first, 1e-9), count))
 
-    threads = [threading.Thread(target=consume, args=(seed,)) for seed in range(n)]
+    threads = [threading.Thread(target=one, args=(seed,)) for seed in range(n)]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -67,6 +99,28 @@ def run(scheduler: Scheduler, prompt: list[int], n: int, tokens: int, window_mod
     )
 
 
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    """`gpt-serve serve` on 127.0.0.1 on a free port; (process, URL) once it answers /health."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cli = [sys.executable, "-m", "gpt_serve", "serve", "--port", str(port), "--threads", str(args.threads)]
+    cli += ["--max-batch", str(args.max_batch), "--max-queue", str(max(args.streams)), "--log-level", "warning"]
+    process = subprocess.Popen(cli, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    process.terminate()
+    raise SystemExit(f"gpt-serve serve did not answer on {url}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="shakespeare", help="shipped model name or model folder")
@@ -77,29 +131,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-mode", choices=["exact", "refill"], default="refill")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--over", choices=["scheduler", "api"], default="scheduler", help="in process, or over HTTP")
     args = p.parse_args(argv)
     print(
         f"model {args.model!r}, {args.tokens} tokens a stream from {args.prompt!r}, window {args.window_mode}, "
         f"{args.threads} threads, max_batch {args.max_batch}, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.1f} at the start"
     )
+    over = "the OpenAI-compatible API (HTTP, openai client)" if args.over == "api" else "the scheduler itself"
+    print(f"over: {over}")
     print("| backend | streams | complete | aggregate tok/s | per-stream tok/s p50 | TTFT p50 | TTFT p95 |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for key in args.backends:
-        loaded = load_backend(args.model, key, threads=args.threads)
-        prompt = loaded.vocab.encode(args.prompt)
-        scheduler = Scheduler(loaded.backend, max_batch=args.max_batch, max_queue=max(args.streams))
-        try:
-            run(scheduler, prompt, 2, 8, args.window_mode)  # warm-up: first-call allocations, thread pools
-            for n in args.streams:
-                r = run(scheduler, prompt, n, args.tokens, args.window_mode)
-                print(
-                    f"| {key} | {n} | {r['complete']}/{n} | {r['aggregate']:,.0f} | {r['per_stream']:,.0f} | "
-                    f"{r['ttft_p50'] * 1e3:.0f} ms | {r['ttft_p95'] * 1e3:.0f} ms |",
-                    flush=True,
-                )
-        finally:
-            scheduler.close()
+    server = start_server(args) if args.over == "api" else None
+    try:
+        for key in args.backends:
+            scheduler = None
+            if server is None:
+                loaded = load_backend(args.model, key, threads=args.threads)
+                queue = max(args.streams)
+                scheduler = Scheduler(loaded.backend, max_batch=args.max_batch, max_queue=queue)
+                consume = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), args.tokens, args.window_mode)
+                warm = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), 8, args.window_mode)
+            else:
+                consume = api_stream(server[1], args.model, key, args.prompt, args.tokens, args.window_mode)
+                warm = api_stream(server[1], args.model, key, args.prompt, 8, args.window_mode)
+            try:
+                run(warm, 2, 8)  # warm-up: loading, first-call allocations, thread pools
+                for n in args.streams:
+                    r = run(consume, n, args.tokens)
+                    print(
+                        f"| {key} | {n} | {r['complete']}/{n} | {r['aggregate']:,.0f} | {r['per_stream']:,.0f} | "
+                        f"{r['ttft_p50'] * 1e3:.0f} ms | {r['ttft_p95'] * 1e3:.0f} ms |",
+                        flush=True,
+                    )
+            finally:
+                if scheduler is not None:
+                    scheduler.close()
+    finally:
+        if server is not None:
+            server[0].terminate()
+            server[0].wait(timeout=30)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0
 

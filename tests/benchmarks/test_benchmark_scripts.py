@@ -57,3 +57,9 @@ def test_serving_benchmark():
         *("--threads", "1", "--window-mode", "exact"),
     )
     assert "| torch | 3 | 3/3 |" in out and "| onnx | 1 | 1/1 |" in out
+    out = run_script(
+        "serving.py",
+        *("--model", "ladder-a", "--backends", "torch", "--streams", "2", "--tokens", "10", "--threads", "1"),
+        *("--over", "api"),
+    )
+    assert "| torch | 2 | 2/2 |" in out
