@@ -8,7 +8,9 @@
 - `loading`: `load_backend`, the table of backend keys (`BACKENDS`), the checks every backend needs;
 - `engine`: the token loop (`generate_tokens`), text on top (`stream_text`, `generate_text`), window modes;
 - `sampling`: `SamplingParams` and the sampler, a pure function with an explicit RNG;
-- `torch_backend` (`TorchBackend`) and `onnx_backend` (`OnnxBackend`): what computes the logits.
+- `torch_backend` (`TorchBackend`) and `onnx_backend` (`OnnxBackend`): what computes the logits;
+- `scheduler`: continuous batching, one decode loop for every request of a backend (`Scheduler`);
+- `registry`: a server's models by name, each (model, backend) loaded once with its scheduler (`ModelRegistry`).
 
 Importing this package imports neither torch nor onnxruntime; each backend module imports its own runtime.
 """
