@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from gpt_serve.cli import positive_int
+from gpt_serve.cli import positive_int, quiet_model_loading
 from gpt_serve.generation import BACKENDS
 from gpt_serve.models import MODELS_DIR
 
@@ -133,6 +133,7 @@ def mount_api(app, registry, default_backend: str, max_tokens_limit: int) -> boo
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_model_loading()
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home unless the user asks for them
     try:

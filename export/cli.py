@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from gpt_serve.cli import quiet_model_loading
 from gpt_serve.models import DEFAULT_MODEL
 
 from .onnx_export import OPSET
@@ -70,6 +71,7 @@ def _load_text(path: Path | None) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    quiet_model_loading()
     via_gpt_serve = Path(sys.argv[0]).name in ("gpt-serve", "gpt_serve")
     args = build_parser("gpt-serve export" if via_gpt_serve else "python -m export").parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

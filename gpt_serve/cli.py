@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import time
 from importlib.metadata import EntryPoint, entry_points
@@ -34,6 +35,12 @@ COMMAND_HELP = {
     "demo": "launch the Gradio web demo",
 }
 EXTRAS = {"train": "train", "ladder": "train", "export": "export", "demo": "demo"}
+
+
+def quiet_model_loading() -> None:
+    """No "Loading weights" progress bar from transformers in the commands' output (before transformers is
+    imported; `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment keeps the bars)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def positive_int(text: str) -> int:
@@ -129,7 +136,10 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def build_parser(apps: dict[str, EntryPoint] | None = None) -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="gpt-serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"gpt-serve {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser(
         "generate", help="stream text from a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -190,6 +200,7 @@ def _serve_parser(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_model_loading()
     apps = app_commands()
     if argv and argv[0] in apps:
         return _run_app(apps[argv[0]], argv[1:])

@@ -66,3 +66,21 @@ def test_a_corrupt_config_is_an_error_not_a_traceback(tmp_path, tiny_model_dir, 
     (folder / "config.json").write_text("{not json", encoding="utf-8")
     assert main(["generate", str(folder), "--max-new-tokens", "3"]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    import gpt_serve
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"gpt-serve {gpt_serve.__version__}"
+
+
+def test_loading_prints_no_progress_bar(tmp_path):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "gpt_serve", "generate", "ladder-a", "--max-new-tokens", "3", "--threads", "1"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Loading weights" not in result.stderr and len(result.stdout) == 3 + 1
