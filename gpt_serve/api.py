@@ -29,7 +29,7 @@ import anyio.to_thread
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .generation.engine import WINDOW_MODES
+from .generation.engine import WINDOW_MODES, encode_prompt
 from .generation.loading import BACKENDS
 from .generation.registry import ModelRegistry, ModelUnavailable, RequestError
 from .generation.sampling import SamplingParams
@@ -246,7 +246,7 @@ def _start(registry: ModelRegistry, request: Completion, metrics: _Metrics) -> l
     try:
         for i, prompt in enumerate(request.prompts):
             try:
-                ids = loaded.vocab.encode(prompt) or [0]  # "" starts from a newline, as the lesson does
+                ids = encode_prompt(loaded.vocab, prompt)  # "" starts from a newline, as the lesson does
             except ValueError as e:
                 raise APIError(400, f"prompt {i}: {e}", "prompt") from None
             seed = None if request.seed is None else request.seed + i

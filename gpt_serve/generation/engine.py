@@ -54,6 +54,20 @@ def window_keep(block_size: int, window_mode: str, refill_tokens: int | None) ->
     return int(keep)
 
 
+def check_seed(seed) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ValueError(f"seed must be None or an integer >= 0, got {seed!r}")
+
+
+def check_prompt_ids(ids: Sequence[int], vocab_size: int, name: str = "the prompt") -> None:
+    """A ValueError unless `ids` is a non-empty sequence of ids in [0, vocab_size)."""
+    if not len(ids):
+        raise ValueError(f"{name} is empty; give at least one token (the lesson starts from id 0, a newline)")
+    bad = [t for t in ids if not 0 <= int(t) < vocab_size]
+    if bad:
+        raise ValueError(f"{name} holds ids {bad[:10]} outside the vocabulary [0, {vocab_size - 1}]")
+
+
 def left_pad(prompts: Sequence[Sequence[int]], extra: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(ids, mask) of shape (B, longest + extra): prompts right-aligned, padding (id 0, mask 0) on the left."""
     if not prompts:
@@ -89,16 +103,11 @@ def generate_tokens(
         raise TypeError(f"max_new_tokens must be an integer, got {type(max_new_tokens).__name__}")
     if not 0 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise ValueError(f"max_new_tokens must be in [0, {MAX_NEW_TOKENS_LIMIT}], got {max_new_tokens}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise ValueError(f"seed must be None or an integer >= 0, got {seed!r}")
+    check_seed(seed)
     keep = window_keep(backend.block_size, window_mode, refill_tokens)
     prompts = [list(p) for p in prompts]
     for b, p in enumerate(prompts):
-        if not p:
-            raise ValueError(f"prompt {b} is empty; give at least one token (the lesson starts from id 0, a newline)")
-        bad = [t for t in p if not 0 <= int(t) < backend.vocab_size]
-        if bad:
-            raise ValueError(f"prompt {b} holds ids {bad[:10]} outside the vocabulary [0, {backend.vocab_size - 1}]")
+        check_prompt_ids(p, backend.vocab_size, f"prompt {b}")
     ids, mask = left_pad(prompts, extra=max_new_tokens)
     total = max(len(p) for p in prompts)  # columns filled so far
     rng = np.random.default_rng(seed)

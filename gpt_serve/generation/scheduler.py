@@ -33,7 +33,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .engine import Backend, window_keep
+from .engine import Backend, check_prompt_ids, check_seed, window_keep
 from .sampling import SamplingParams, sample_rows
 
 logger = logging.getLogger(__name__)
@@ -259,15 +259,8 @@ class Scheduler:
         n = r.max_new_tokens
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {n!r}")
-        if not len(r.prompt_ids):
-            raise ValueError("the prompt is empty; give at least one token (the lesson starts from id 0, a newline)")
-        V = self.backend.vocab_size
-        bad = [t for t in r.prompt_ids if not 0 <= int(t) < V]
-        if bad:
-            raise ValueError(f"the prompt holds ids {bad[:10]} outside the vocabulary [0, {V - 1}]")
-        seed = r.seed
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-            raise ValueError(f"seed must be None or an integer >= 0, got {seed!r}")
+        check_prompt_ids(r.prompt_ids, self.backend.vocab_size)
+        check_seed(r.seed)
         if not isinstance(r.sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(r.sampling).__name__}")
         window_keep(self.backend.block_size, r.window_mode, r.refill_tokens)  # raises for a bad window

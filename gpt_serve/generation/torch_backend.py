@@ -156,15 +156,20 @@ class TorchBackend:
             raise TypeError(f"cache must be None or the {expected} this backend returned, got {got}")
         elif cache.batch != input_ids.shape[0]:
             raise ValueError(f"the cache holds a batch of {cache.batch} rows, input_ids has {input_ids.shape[0]}")
-        out = self.model(
-            input_ids=torch.from_numpy(np.ascontiguousarray(input_ids)).to(self.device),
-            attention_mask=torch.from_numpy(np.ascontiguousarray(attention_mask)).to(self.device),
-            position_ids=torch.from_numpy(np.ascontiguousarray(position_ids)).to(self.device),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
+        return self.run(input_ids, attention_mask, position_ids, cache), cache
+
+    @torch.inference_mode()
+    def run(self, input_ids, attention_mask, position_ids, cache) -> np.ndarray:
+        """The decoding model on numpy inputs, extending `cache` in place; float32 logits (B, vocab) of the last
+        position. (`forward` checks the cache; a `TorchDecodeBatch` passes its own.)"""
+        ids, mask, positions = (
+            torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
+            for a in (input_ids, attention_mask, position_ids)
         )
-        return out.logits[:, -1].float().cpu().numpy(), out.cache
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
+        )
+        return out.logits[:, -1].float().cpu().numpy()
 
 
 @torch.inference_mode()
@@ -302,15 +307,7 @@ class TorchDecodeBatch:
         lengths = kv.lengths[:n]
         columns = kv.width - kv.lo + 1
         mask = (np.arange(columns)[None, :] >= columns - 1 - lengths[:, None]).astype(np.int64)  # (n, columns)
-        device = self.backend.device
-        out = self.backend.model(
-            input_ids=torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)[:, None]).to(device),
-            attention_mask=torch.from_numpy(mask).to(device),
-            position_ids=torch.from_numpy(lengths[:, None].copy()).to(device),
-            cache=kv,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        logits = self.backend.run(np.asarray(tokens)[:, None], mask, lengths[:, None].copy(), kv)
         kv.width += 1
         kv.lengths[:n] += 1
-        return out.logits[:, -1].float().cpu().numpy()
+        return logits
