@@ -216,4 +216,15 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
     ui.stop_btn.click(handlers.ui_stop, [ui.gen_ticket, ui.compare_ticket], None, queue=False, **private)
     for trigger in (ui.model.change, ui.backend.change, demo.load):
         trigger(handlers.ui_model_info, [ui.model, ui.backend], ui.model_info, queue=False, **private)
-    gr.api(handlers.generate, api_name="generate", **stream_group)
+    api = gr.api(handlers.api_generate(), api_name="generate", **stream_group)
+    describe_parameters(demo.fns[api["id"]])
+
+
+def describe_parameters(block_fn) -> None:
+    """Puts each parameter's line of the function's `Args:` docstring into the API page's schema (Gradio reads it
+    only for MCP tools), and names each input after its parameter instead of "1st", "2nd"..."""
+    _, descriptions, _ = gr.utils.get_function_description(block_fn.fn)
+    for component, name in zip(block_fn.inputs, descriptions, strict=True):
+        text = descriptions[name]
+        component._api_info = {**component._api_info, "description": text, "additional_description": text}
+        component.label = name

@@ -4,6 +4,7 @@
     python -m demo --model-dir runs/my-model        # add a model folder (NAME=PATH to name it)
     python -m demo --host 0.0.0.0 --port 8080       # serve other machines too (opt-in)
     python -m demo --share                          # and a public gradio.live link (opt-in, needs internet)
+    python -m demo --mcp                            # also an MCP server: /generate as a tool (the `mcp` extra)
 
 It loads and warms up the default model before serving, so the first visitor gets no loading delay.
 """
@@ -11,6 +12,7 @@ It loads and warms up the default model before serving, so the first visitor get
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
@@ -81,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stream-interval", type=float, default=0.05, help="least seconds between two streamed updates (default 0.05)"
     )
+    p.add_argument(
+        "--mcp",
+        action="store_true",
+        help="also serve /generate as an MCP tool at /gradio_api/mcp/ (needs pip install 'gpt-serve[mcp]')",
+    )
     p.add_argument("--no-preload", action="store_true", help="load models on first use instead of at startup")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -133,6 +140,9 @@ def mount_api(app, registry, default_backend: str, max_tokens_limit: int) -> boo
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.mcp and importlib.util.find_spec("mcp") is None:
+        print("demo: error: --mcp needs Gradio's MCP support: pip install 'gpt-serve[mcp]'", file=sys.stderr)
+        return 2
     quiet_model_loading()
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home unless the user asks for them
@@ -181,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             max_threads=max(40, 2 * args.concurrency + 8),
             css=CSS,
             ssr_mode=False,
+            mcp_server=args.mcp,
         )
     except OSError as e:
         print(f"demo: error: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)

@@ -9,13 +9,16 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-from collections.abc import Iterator
+import typing
+from collections.abc import Callable, Iterator
+from typing import Literal
 
 import gradio as gr
 
-from gpt_serve.generation import BACKENDS
+from gpt_serve.generation import BACKENDS, WINDOW_MODES
 from gpt_serve.generation.registry import LADDER_MODELS, ModelRegistry, RequestError
 from gpt_serve.models import LADDER
+from gpt_serve.vocab import UNK_POLICIES
 
 from .attention import prompt_attention, render_heads
 from .generation import (
@@ -115,11 +118,22 @@ class DemoHandlers:
         window_mode: str = "exact",
         unk_policy: str = "error",
     ) -> Iterator[str]:
-        """Streams the continuation of `prompt` (the prompt not repeated): each result is the text so far.
+        """Streams the continuation of a prompt, without the prompt: each result is the whole text so far.
 
-        temperature 0 is greedy; top_k None/0 and top_p 1 disable those filters; seed None/-1 is random;
-        backend is torch, onnx or onnx-int8 and model a model name (None: the server's defaults); window_mode
-        (past block_size) is exact or refill; unk_policy (characters outside the vocabulary) error, replace or drop.
+        Args:
+            prompt: the text to continue, in the model's characters (see unk_policy for the others).
+            max_new_tokens: how many characters to generate (1 to the server's limit).
+            temperature: sampling temperature; 0 is greedy (always the most likely character).
+            top_k: sample among the k most likely characters only; None or 0 for all of them.
+            top_p: sample among the most likely characters that together reach this probability; 1 for all.
+            seed: the random seed (the same seed and settings give the same text); None or -1 for a random one.
+            backend: what runs the model: torch (PyTorch), onnx (ONNX Runtime fp32) or onnx-int8; None for the default.
+            model: which model to run (a shipped model's name); None for the server's default.
+            window_mode: past block_size, exact (the lesson's sliding window) or refill (faster, restarts the cache).
+            unk_policy: characters outside the vocabulary: error (refuse, naming them), replace (by a space) or drop.
+
+        Returns:
+            the generated text so far (streamed: each update replaces the previous one).
         """
         sent = locals()
         try:
@@ -135,6 +149,33 @@ class DemoHandlers:
         except Exception as e:  # a bug or a broken model file: this request fails, the server keeps serving
             logger.exception("generation failed")
             raise gr.Error(f"generation failed: {type(e).__name__}: {e}", print_exception=False) from None
+
+    def api_generate(self) -> Callable[..., Iterator[str]]:
+        """`generate` as the /generate API: the same function with its types spelled out for Gradio's API page and
+        clients (`Literal` choices of backend, model, window and unknown-character policy; a `str` output) and the
+        server's defaults in place of None."""
+
+        def generate(*args, **kwargs) -> Iterator[str]:
+            yield from self.generate(*args, **kwargs)
+
+        signature = inspect.signature(self.generate)
+        types = {
+            **typing.get_type_hints(self.generate),
+            "backend": Literal[tuple(BACKENDS)],
+            "model": Literal[tuple(self.registry.names)],
+            "window_mode": Literal[WINDOW_MODES],
+            "unk_policy": Literal[UNK_POLICIES],
+        }
+        defaults = {"backend": self.default_backend, "model": self.default_model}
+        parameters = [
+            p.replace(annotation=types[p.name], default=defaults.get(p.name, p.default))
+            for p in signature.parameters.values()
+        ]
+        generate.__signature__ = signature.replace(parameters=parameters, return_annotation=str)
+        generate.__annotations__ = {**{p.name: p.annotation for p in parameters}, "return": str}
+        generate.__doc__ = DemoHandlers.generate.__doc__
+        generate.__name__ = generate.__qualname__ = "generate"
+        return generate
 
     def ui_generate(self, page: gr.Request, ticket: str | None, *form):
         """The Generate button (`form`: the `FIELDS`): yields (output: prompt + text so far, stats, status)."""

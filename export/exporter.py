@@ -24,6 +24,7 @@ from gpt_serve.generation import load_backend
 from gpt_serve.generation.onnx_backend import FP32_FILE_NAME, INT8_FILE_NAME, ONNX_SUBDIR, load_session, weights_sha256
 from gpt_serve.vocab import CharVocab
 
+from .genai import write_genai_files
 from .onnx_export import EXPORTER, EXPORTER_VERSION, OPSET, export_fp32, metadata, quantize_int8, write_metadata
 from .validate import (
     FP32_LOGITS_ATOL,
@@ -96,7 +97,7 @@ def export_model(
     threads: int | None = None,
 ) -> ExportReport:
     """Exports, validates and (if every check passes) installs `MODEL_DIR/onnx/model.onnx` and, with `quantize`,
-    `MODEL_DIR/onnx/model_quantized.onnx`.
+    `MODEL_DIR/onnx/model_quantized.onnx`, with what onnxruntime-genai reads beside them (`export.genai`).
 
     Args:
         model_dir: a `save_pretrained` folder of a CharGPT model (with its tokenizer), or a shipped model's name.
@@ -117,6 +118,8 @@ def export_model(
     work = Path(tempfile.mkdtemp(prefix=".onnx-export-", dir=folder))
     try:
         graphs = _write_graphs(model, vocab, weights_sha256(folder), work, quantize, opset, report)
+        graph_file = graphs["int8" if quantize else "fp32"].name
+        extras = write_genai_files(work, model.config, vocab, graph_file, text)
         start = time.perf_counter()
         sessions = _check_graphs(model, graphs, decode_steps, atol, threads, report)
         if quantize and report.passed:
@@ -124,7 +127,7 @@ def export_model(
         report.seconds["validate"] = time.perf_counter() - start
         del sessions
         if report.passed:
-            _install(work, folder / ONNX_SUBDIR, graphs, report)
+            _install(folder / ONNX_SUBDIR, [*graphs.values(), *extras], quantize, report)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report
@@ -193,10 +196,10 @@ def _check_int8_loss(model, vocab, sessions, text, text_source, max_increase, va
         )
 
 
-def _install(work: Path, onnx_dir: Path, graphs: dict[str, Path], report: ExportReport) -> None:
+def _install(onnx_dir: Path, files: list[Path], quantized: bool, report: ExportReport) -> None:
     onnx_dir.mkdir(exist_ok=True)
-    for path in graphs.values():
+    for path in files:
         os.replace(path, onnx_dir / path.name)
-    if "int8" not in graphs:  # an fp32-only export leaves no stale int8 graph behind
+    if not quantized:  # an fp32-only export leaves no stale int8 graph behind
         (onnx_dir / INT8_FILE_NAME).unlink(missing_ok=True)
     report.installed = True

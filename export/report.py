@@ -97,6 +97,10 @@ from gpt_serve.generation import SamplingParams, load_backend, stream_text  # ne
 loaded = load_backend("{name}", "onnx-int8", threads=2)
 print("".join(stream_text(loaded.backend, loaded.vocab, "ROMEO:", 200, SamplingParams(temperature=0.8), seed=0)))
 ```
+
+`onnx/genai_config.json` with `onnx/tokenizer.json` lets onnxruntime-genai run the
+{"int8" if v is not None else "fp32"} graph (`og.Model("onnx")`); genai stops at `block_size` = context length (it has
+no sliding window) and treats the training text's rarest character as end of text.
 {CARD_END}
 """
 

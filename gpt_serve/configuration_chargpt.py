@@ -52,15 +52,16 @@ class CharGPTConfig(PretrainedConfig):
             Epsilon of every LayerNorm.
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether `forward` returns a KV cache (in eval mode) for incremental decoding.
+        vocab_sha256 (`str`, *optional*):
+            The hash (`CharVocab.sha256`) of the vocabulary the model was trained with. Training records it;
+            `gpt_serve.generation.load_backend` refuses a folder whose `vocab.json` hashes differently (two
+            characters swapped would otherwise run silently and print the wrong letters).
     """
 
     model_type = "chargpt"
-    attribute_map = {
-        "hidden_size": "n_embd",
-        "num_attention_heads": "n_head",
-        "num_hidden_layers": "n_layer",
-        "max_position_embeddings": "block_size",
-    }
+    # No `max_position_embeddings` alias for `block_size`: it is the window, not a length limit (generation slides
+    # past it), and transformers would warn at every generation longer than it.
+    attribute_map = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
 
     def __init__(
         self,
@@ -80,6 +81,7 @@ class CharGPTConfig(PretrainedConfig):
         initializer_range: float = 0.02,
         layer_norm_eps: float = 1e-5,
         use_cache: bool = True,
+        vocab_sha256: str | None = None,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -98,6 +100,7 @@ class CharGPTConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.layer_norm_eps = layer_norm_eps
         self.use_cache = use_cache
+        self.vocab_sha256 = vocab_sha256
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
         self._validate()
@@ -125,6 +128,11 @@ class CharGPTConfig(PretrainedConfig):
                 "ffwd_proj=False needs ffwd_mult=1 (Linear(n, n) -> ReLU keeps the width), "
                 f"got ffwd_mult={self.ffwd_mult}"
             )
+        digest = self.vocab_sha256
+        if digest is not None and not (
+            isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+        ):
+            raise ValueError(f"vocab_sha256 must be None or 64 lowercase hex digits, got {digest!r}")
         if self.init not in INIT_SCHEMES:
             raise ValueError(f"init must be one of {INIT_SCHEMES}, got {self.init!r}")
 

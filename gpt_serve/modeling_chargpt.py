@@ -174,6 +174,18 @@ class CharGPTPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
 
+def generation_defaults(config: CharGPTConfig) -> dict:
+    """The model's generation defaults: sampled text (temperature 1, no top-k/top-p cut), 200 new characters."""
+    return {
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "max_new_tokens": 200,
+        "pad_token_id": config.vocab_size,
+    }
+
+
 class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
     """The lesson's GPT with a language-modeling head."""
 
@@ -186,6 +198,9 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps) if config.layer_norm else nn.Identity()
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.bias)
         self.post_init()
+        # What `generate()` and `pipeline("text-generation")` do when told nothing (saved as generation_config.json):
+        # sample from the whole distribution, as the lesson's `generate` does, and pad with the tokenizer's <pad>.
+        self.generation_config.update(**generation_defaults(config))
 
     def get_input_embeddings(self):
         return self.token_embedding_table
@@ -239,8 +254,10 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
             raise ValueError("give exactly one of input_ids and inputs_embeds")
         x_in = input_ids if input_ids is not None else inputs_embeds
         if x_in.dim() != (2 if input_ids is not None else 3):
-            kind = "input_ids must be a (batch, sequence) tensor of ids" if input_ids is not None else (
-                "inputs_embeds must be a (batch, sequence, n_embd) tensor"
+            kind = (
+                "input_ids must be a (batch, sequence) tensor of ids"
+                if input_ids is not None
+                else ("inputs_embeds must be a (batch, sequence, n_embd) tensor")
             )
             raise ValueError(f"{kind}, got shape {tuple(x_in.shape)}")
         if x_in.shape[1] == 0:

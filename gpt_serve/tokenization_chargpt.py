@@ -3,17 +3,41 @@
 The vocabulary is `sorted(set(corpus))` (ids = the lesson's), stored in `vocab.json` and handled by `CharVocab`.
 A `<pad>` special token is appended after the characters (id = number of characters) so batches can be padded;
 the model never embeds it (it embeds padding positions as id 0 and masks them out).
+
+`vocab.json` is the one source of truth. Saving also writes `tokenizer.json`, the same table for the `tokenizers`
+library (a `WordLevel` model, every character its own piece, a `Fuse` decoder), which transformers without this
+package (`AutoTokenizer` gives a `TokenizersBackend` with the same ids), transformers.js and Rust read. Loading
+refuses a folder whose two files disagree.
 """
 
 from __future__ import annotations
 
 import os
 
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizer
 
-from .vocab import UNK_POLICIES, VOCAB_FILE_NAME, CharVocab
+from .vocab import FAST_TOKENIZER_FILE_NAME, UNK_POLICIES, VOCAB_FILE_NAME, CharVocab
 
 PAD_TOKEN = "<pad>"
+
+
+def fast_tokenizer(vocab: CharVocab, model: str = "word_level") -> Tokenizer:
+    """`vocab` as a `tokenizers.Tokenizer` with the same ids (and `<pad>` after the characters).
+
+    `model="word_level"` (what `tokenizer.json` holds) fails on a character outside the vocabulary;
+    `model="bpe"` (a BPE without merges: the form onnxruntime-genai's tokenizer reads) drops it silently.
+    """
+    if model == "word_level":
+        tokenizer = Tokenizer(models.WordLevel(vocab=dict(vocab.stoi), unk_token=None))
+    elif model == "bpe":
+        tokenizer = Tokenizer(models.BPE(vocab=dict(vocab.stoi), merges=[]))
+    else:
+        raise ValueError(f"model must be 'word_level' or 'bpe', got {model!r}")
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")  # one piece per character
+    tokenizer.decoder = decoders.Fuse()  # join the pieces without spaces
+    tokenizer.add_special_tokens([PAD_TOKEN])
+    return tokenizer
 
 
 class CharTokenizer(PreTrainedTokenizer):
@@ -21,18 +45,20 @@ class CharTokenizer(PreTrainedTokenizer):
 
     Args:
         vocab_file: path of a `vocab.json` mapping each character to its id.
+        tokenizer_file: the `tokenizer.json` beside it, if any: checked against `vocab_file`.
         chars: the characters in id order, instead of `vocab_file` (see also `from_corpus`).
         unk_policy: characters outside the vocabulary: `"error"` (default) raises a `ValueError` naming them and
             their positions; `"drop"` removes them; `"replace"` maps them to `unk_replacement`.
         unk_replacement: the character `"replace"` uses (default: a space).
     """
 
-    vocab_files_names = {"vocab_file": VOCAB_FILE_NAME}
+    vocab_files_names = {"vocab_file": VOCAB_FILE_NAME, "tokenizer_file": FAST_TOKENIZER_FILE_NAME}
     model_input_names = ["input_ids", "attention_mask"]
 
     def __init__(
         self,
         vocab_file: str | None = None,
+        tokenizer_file: str | None = None,
         chars: list[str] | None = None,
         unk_policy: str = "error",
         unk_replacement: str | None = None,
@@ -44,6 +70,8 @@ class CharTokenizer(PreTrainedTokenizer):
             self.vocab = CharVocab.from_file(vocab_file, unk_policy=unk_policy, unk_replacement=unk_replacement)
         else:
             self.vocab = CharVocab(chars, unk_policy=unk_policy, unk_replacement=unk_replacement)
+        if tokenizer_file is not None and vocab_file is not None:
+            self.vocab.check_tokenizer_file(tokenizer_file, vocab_file)
         kwargs.setdefault("pad_token", PAD_TOKEN)
         kwargs.setdefault("padding_side", "left")  # generation pads on the left
         kwargs.setdefault("model_max_length", int(1e30))
@@ -83,15 +111,20 @@ class CharTokenizer(PreTrainedTokenizer):
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
         return "".join(tokens)
 
-    def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str]:
+    def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str, str]:
+        """Writes `vocab.json` and, derived from it, `tokenizer.json`."""
         if not os.path.isdir(save_directory):
             raise ValueError(f"save_vocabulary needs an existing directory, got {save_directory!r}")
-        path = os.path.join(save_directory, (filename_prefix + "-" if filename_prefix else "") + VOCAB_FILE_NAME)
-        self.vocab.save(path)
-        return (path,)
+        prefix = filename_prefix + "-" if filename_prefix else ""
+        vocab_path = os.path.join(save_directory, prefix + VOCAB_FILE_NAME)
+        fast_path = os.path.join(save_directory, prefix + FAST_TOKENIZER_FILE_NAME)
+        self.vocab.save(vocab_path)
+        fast_tokenizer(self.vocab).save(fast_path)
+        return vocab_path, fast_path
 
 
-# save_pretrained copies this file (and vocab.py, which it imports) into the folder and writes `auto_map`.
-CharTokenizer.register_for_auto_class("AutoTokenizer")
+# No `register_for_auto_class("AutoTokenizer")`: a folder's tokenizer_config.json then has no `auto_map`, so
+# `AutoTokenizer` loads `tokenizer.json` without remote code (and without this package) instead of asking for
+# `trust_remote_code`; with this package registered, it gives a `CharTokenizer` (see `register_auto_classes`).
 
 __all__ = ["CharTokenizer"]

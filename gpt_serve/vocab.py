@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterable
 
 VOCAB_FILE_NAME = "vocab.json"
+# The same table for the `tokenizers` library, derived from vocab.json when a tokenizer is saved.
+FAST_TOKENIZER_FILE_NAME = "tokenizer.json"
 UNK_POLICIES = ("error", "drop", "replace")
 
 
@@ -80,6 +82,22 @@ class CharVocab:
     def sha256(self) -> str:
         """A hash of the id -> character mapping: two vocabularies with the same hash encode alike."""
         return hashlib.sha256("".join(self.chars).encode("utf-8")).hexdigest()
+
+    def check_tokenizer_file(self, path: str | os.PathLike, vocab_file: str | os.PathLike = VOCAB_FILE_NAME) -> None:
+        """A ValueError unless the `tokenizer.json` at `path` maps the characters as this vocabulary does."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                table = json.load(f)["model"]["vocab"]
+            table = dict(table)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} is not a readable tokenizers file ({type(e).__name__}: {e})") from None
+        if table != self.stoi:
+            differ = sorted(set(table.items()) ^ set(self.stoi.items()), key=repr)[:6]
+            raise ValueError(
+                f"{path} and {vocab_file} disagree on the vocabulary ({len(table)} vs {len(self)} entries; "
+                f"differing (character, id) pairs include {differ}). {os.path.basename(vocab_file)} is the source: "
+                f"delete {os.path.basename(path)} and save the tokenizer again to rewrite it."
+            )
 
     def unknown(self, text: str) -> list[tuple[int, str]]:
         """(position, character) of every character of `text` outside the vocabulary."""

@@ -67,7 +67,9 @@ def tiny_model():
 def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     """A saved tiny model folder (weights, config, tokenizer, module files)."""
     folder = tmp_path_factory.mktemp("tiny-model")
-    make_tiny_model().save_pretrained(folder)
+    model = make_tiny_model()
+    model.config.vocab_sha256 = tokenizer.vocab.sha256  # as training records it
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -88,6 +90,35 @@ def exported_dir(exported) -> Path:
     return exported[0]
 
 
+def run_without_gpt_serve(script: str, cwd: Path):
+    """Runs `script` in a fresh Python process that cannot import gpt_serve (as a user of the model folder who
+    has only transformers), offline; returns the CompletedProcess (text stdout and stderr)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    blocker = textwrap.dedent("""
+        import importlib.abc, sys
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "gpt_serve" or name.startswith("gpt_serve."):
+                    raise ImportError("gpt_serve is blocked in this test")
+
+        sys.meta_path.insert(0, Block())
+    """)
+    env = {**os.environ, "HF_HOME": str(cwd / "hf"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": "", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", blocker + textwrap.dedent(script)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 LADDER_SEEDS = {"ladder-a": 1, "ladder-b": 2}  # ladder-c..e stay missing: servers must say so
 
 
@@ -95,6 +126,7 @@ LADDER_SEEDS = {"ladder-a": 1, "ladder-b": 2}  # ladder-c..e stay missing: serve
 def models_root(tmp_path_factory, tiny_model_dir, exported) -> Path:
     """tiny (block_size 16, with onnx/model.onnx and onnx/model_quantized.onnx), ladder-a and ladder-b (block 8)."""
     from gpt_serve import CharTokenizer
+
     root = tmp_path_factory.mktemp("demo-models")
     folder, report = exported
     assert report.passed, report

@@ -45,9 +45,12 @@ OPTIMIZATION_KEYS = (
 )
 
 
-# What `model` may set: CharGPTConfig's own arguments, except the vocabulary size, which the corpus decides.
+# What `model` may set: CharGPTConfig's own arguments, except the vocabulary (its size and hash), which the corpus
+# decides.
 MODEL_KEYS = tuple(
-    k for k in inspect.signature(CharGPTConfig.__init__).parameters if k not in ("self", "kwargs", "vocab_size")
+    k
+    for k in inspect.signature(CharGPTConfig.__init__).parameters
+    if k not in ("self", "kwargs", "vocab_size", "vocab_sha256")
 )
 
 
@@ -84,6 +87,9 @@ class TrainConfig:
     resume: bool = _opt(False, "continue the run checkpointed in --out-dir exactly")
     sample_tokens: int = _opt(300, "length of the sample written into the model card")
     progress: bool = _opt(True, "show a progress bar (rank 0)")
+    report_to: str = _opt(
+        "none", "also log the metrics to 'tensorboard' (OUT/tensorboard/) or 'trackio'; comma-separate for both"
+    )
     model: dict = field(default_factory=dict)  # CharGPTConfig keyword arguments
 
     def validate(self) -> None:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from gpt_serve.corpus import TINY_SHAKESPEARE_SHA256
 
 from .config import ARCH_KEYS, OPTIMIZATION_KEYS
 
@@ -146,45 +151,69 @@ def generate_sample(model, tokenizer, n_tokens: int, seed: int = 0) -> str:
     return generate_text(TorchBackend(model), tokenizer.vocab, "", n_tokens, seed=seed)  # temperature 1
 
 
-def front_matter(name: str, val: float, train: float) -> str:
-    """The model card's Hugging Face YAML header: what the Hub shows (license, task, the validation loss)."""
-    return f"""---
-library_name: transformers
-pipeline_tag: text-generation
-license: mit
-language:
-- en
-tags:
-- gpt-serve
-- chargpt
-- character-level
-datasets:
-- tiny_shakespeare
-metrics:
-- loss
-model-index:
-- name: {name}
-  results:
-  - task:
-      type: text-generation
-      name: character-level language modeling
-    dataset:
-      name: Tiny Shakespeare (last 10% as validation)
-      type: tiny_shakespeare
-      split: validation
-    metrics:
-    - type: loss
-      name: validation cross-entropy (nats/char)
-      value: {val:.4f}
-    - type: loss
-      name: train cross-entropy (nats/char)
-      value: {train:.4f}
----
-"""
+TINY_SHAKESPEARE_HUB_ID = "karpathy/tiny_shakespeare"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """What a model was trained on, for its card: Tiny Shakespeare (recognized by its sha256) or a named file."""
+
+    name: str  # "Tiny Shakespeare", or the file's name
+    sha256: str
+
+    @classmethod
+    def of(cls, text: str, path: str | os.PathLike | None = None) -> Corpus:
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        if digest == TINY_SHAKESPEARE_SHA256:
+            return cls("Tiny Shakespeare", digest)
+        return cls(Path(path).name if path else "the training text", digest)
+
+    @property
+    def hub_id(self) -> str | None:
+        """The Hub dataset id, when there is one."""
+        return TINY_SHAKESPEARE_HUB_ID if self.sha256 == TINY_SHAKESPEARE_SHA256 else None
+
+    @property
+    def description(self) -> str:
+        return self.name if self.hub_id else f"{self.name} (sha256 {self.sha256})"
+
+
+def card_data(name: str, val: float, train: float, corpus: Corpus) -> ModelCardData:
+    """The model card's metadata (the YAML the Hub reads): license, task, library, dataset and the losses."""
+    hub_id = corpus.hub_id
+    split = "first 90% train, last 10% validation"
+    dataset = {"dataset_type": hub_id or "text", "dataset_name": f"{corpus.description} ({split})"}
+    losses = [
+        ("validation cross-entropy (nats/char)", val, "validation"),
+        ("train cross-entropy (nats/char)", train, "train"),
+    ]
+    results = [
+        EvalResult(
+            task_type="text-generation",
+            task_name="character-level language modeling",
+            metric_type="loss",
+            metric_name=metric,
+            metric_value=round(float(value), 4),
+            dataset_split=split,
+            **dataset,
+        )
+        for metric, value, split in losses
+    ]
+    return ModelCardData(
+        model_name=name,
+        license="mit",
+        language=["en"] if hub_id else None,  # other corpora: the author knows their language
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=["gpt-serve", "chargpt", "character-level"],
+        datasets=[hub_id] if hub_id else None,
+        metrics=["loss"],
+        eval_results=results,
+    )
 
 
 def write_model_card(trainer, result: dict) -> None:
-    """README.md with Hugging Face YAML front matter: losses, command, hardware, wall time and a sample."""
+    """README.md with Hugging Face YAML front matter (`card_data`): losses, command, hardware, wall time, a sample."""
     cfg, mc = trainer.cfg, trainer.model_config
     name = Path(cfg.out_dir).resolve().name
     sample = generate_sample(trainer.model, trainer.tokenizer, cfg.sample_tokens)
@@ -199,10 +228,10 @@ def write_model_card(trainer, result: dict) -> None:
         f"{format_duration(result['wall_time_s'])} ({format_duration(result['train_time_s'])} in optimizer steps, "
         f"the rest in evaluation and checkpoints)"
     )
-    card = front_matter(name, val, train) + f"""
+    body = f"""
 # {name}
 
-A character-level GPT from the "Let's build GPT" lesson, trained with gpt-serve on Tiny Shakespeare
+A character-level GPT from the "Let's build GPT" lesson, trained with gpt-serve on {trainer.corpus.description}
 ({result["parameters"]:,} parameters).
 
 | | |
@@ -245,4 +274,5 @@ print(tokenizer.decode(model.generate(ids, max_new_tokens=200, do_sample=True)[0
 
 ![loss curve](loss.png)
 """
-    (Path(cfg.out_dir) / "README.md").write_text(card, encoding="utf-8")
+    card = ModelCard(f"---\n{card_data(name, val, train, trainer.corpus).to_yaml()}\n---\n{body}")
+    card.save(Path(cfg.out_dir) / "README.md")

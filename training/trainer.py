@@ -11,7 +11,7 @@ sampler state is enough for a resumed run to repeat an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -26,8 +26,9 @@ from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkp
 from .config import ARCH_KEYS, MODEL_KEYS, OPTIMIZATION_KEYS, SCHEDULES, TrainConfig, make_scheduler  # noqa: F401
 from .data import CharDataset
 from .kernels import use_cpu_training_kernels
-from .report import append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
+from .report import Corpus, append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
 from .runtime import setup_runtime
+from .tracking import Trackers, parse_report_to
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +42,17 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, text: str | None = None, command: str | None = None):
         cfg.validate()
         self.cfg = cfg
+        self.report_to = parse_report_to(cfg.report_to)  # before any work: a missing package is named now
+        self.trackers: Trackers | None = None
         self.command = command
         self.rt = setup_runtime(cfg.device, cfg.threads)
         self.out = Path(cfg.out_dir)
         text = text if text is not None else load_text(cfg.data)
-        self.data_sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        self.corpus = Corpus.of(text, cfg.data)
         self.tokenizer = CharTokenizer.from_corpus(text)
-        self.model_config = CharGPTConfig(vocab_size=self.tokenizer.vocab_size, **cfg.model)
+        self.model_config = CharGPTConfig(
+            vocab_size=self.tokenizer.vocab_size, vocab_sha256=self.tokenizer.vocab.sha256, **cfg.model
+        )
         self.dataset = CharDataset(text, self.tokenizer, self.model_config.block_size).to(self.rt.device)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = CharGPTForCausalLM(self.model_config).to(self.rt.device)
@@ -89,7 +94,7 @@ class Trainer:
         return {
             "model_config": {k: getattr(self.model_config, k) for k in ARCH_KEYS},
             "vocab": self.tokenizer.vocab.sha256,
-            "data_sha256": self.data_sha256,
+            "data_sha256": self.corpus.sha256,
             "world_size": self.rt.world_size,
             "betas": [self.cfg.beta1, self.cfg.beta2],
             **{k: getattr(self.cfg, k) for k in (*OPTIMIZATION_KEYS, "eval_interval")},
@@ -219,11 +224,14 @@ class Trainer:
             self._loop()
             return self._finish()
         finally:
+            if self.trackers is not None:
+                self.trackers.close()
             self.rt.close()
 
     def _start(self) -> None:
         if self.cfg.resume:
             self.resume()
+            self._start_trackers(resume_step=self.step)
             return
         if self.checkpoint_path().exists():
             raise ValueError(
@@ -234,11 +242,17 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             write_metrics(self.out, [])  # a fresh run starts a fresh log
             self.best_weights_path().unlink(missing_ok=True)
+        self._start_trackers()
         self._set_rng_state(self._initial_rng)
         self.model.train()
         t0 = time.perf_counter()
         self._evaluate()  # step 0, as in the lesson
         self.wall_time += time.perf_counter() - t0
+
+    def _start_trackers(self, resume_step: int | None = None) -> None:
+        if self.rt.is_main and self.report_to:
+            settings = {**dataclasses.asdict(self.cfg), "model": self.model_config.to_diff_dict()}
+            self.trackers = Trackers(self.report_to, self.out, settings, resume_step)
 
     def _loop(self) -> None:
         cfg = self.cfg
@@ -293,6 +307,8 @@ class Trainer:
                 save_checkpoint(self.best_weights_path(), {"model": self.model.state_dict(), "step": self.step})
             logger.info("step %d: train loss %.4f, val loss %.4f", self.step, losses["train"], losses["val"])
             append_metric(self.out, record)
+            if self.trackers is not None:
+                self.trackers.log(record)
             save_loss_plot(self.history, self.out / "loss.png", title=self.out.name)
         stop = bool(self.cfg.patience) and self.evals_since_best >= self.cfg.patience
         if stop:

@@ -4,7 +4,8 @@ Every application (the `gpt-serve` CLI, the demo, the export, the benchmarks) lo
 backend gets the same checks of the folder before anything runs:
 
 - the folder is a model folder, and its `config.json` is readable and a chargpt config;
-- `vocab.json` is readable and as long as the model's vocabulary (`vocab_size`);
+- `vocab.json` is readable, as long as the model's vocabulary (`vocab_size`), the vocabulary the model was
+  trained with (`vocab_sha256` in the config, when recorded), and agrees with `tokenizer.json` (when present);
 - torch: `model.safetensors` exists, is readable, and holds exactly the model's tensors, in the right shapes
   (transformers would otherwise load a folder of unrelated weights with everything "newly initialized");
 - ONNX Runtime: the graph exists, loads, and was exported from this folder's vocabulary, config and weights
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..models import model_path, read_config
-from ..vocab import VOCAB_FILE_NAME, CharVocab
+from ..vocab import FAST_TOKENIZER_FILE_NAME, VOCAB_FILE_NAME, CharVocab
 from .engine import Backend
 
 # key -> what the UI shows. The keys are what `gpt-serve generate --backend`, the demo and the APIs take.
@@ -75,12 +76,7 @@ def load_backend(
     threads = check_threads(threads)
     folder = model_path(model)
     config = read_config(folder)
-    vocab = CharVocab.from_file(folder / VOCAB_FILE_NAME)
-    if len(vocab) != config.get("vocab_size"):
-        raise ValueError(
-            f"{folder / VOCAB_FILE_NAME} has {len(vocab)} characters but {folder / 'config.json'} says the model "
-            f"has vocab_size {config.get('vocab_size')}: the vocabulary is not the model's"
-        )
+    vocab = check_vocab(folder, config)
     if key == "torch":
         runner = _torch_backend(folder, threads)
     else:
@@ -88,6 +84,28 @@ def load_backend(
 
         runner = OnnxBackend(folder, quantized=key == "onnx-int8", threads=threads)
     return LoadedModel(folder, key, runner, vocab, time.perf_counter() - start)
+
+
+def check_vocab(folder: Path, config: dict) -> CharVocab:
+    """The folder's `vocab.json`, checked against the model's config and the folder's `tokenizer.json`."""
+    vocab_file, config_file = folder / VOCAB_FILE_NAME, folder / "config.json"
+    vocab = CharVocab.from_file(vocab_file)
+    if len(vocab) != config.get("vocab_size"):
+        raise ValueError(
+            f"{vocab_file} has {len(vocab)} characters but {config_file} says the model has vocab_size "
+            f"{config.get('vocab_size')}: the vocabulary is not the model's"
+        )
+    recorded = config.get("vocab_sha256")
+    if recorded is not None and vocab.sha256 != recorded:
+        raise ValueError(
+            f"{vocab_file} is not the vocabulary the model was trained with: its sha256 is {vocab.sha256[:12]}... "
+            f"but {config_file} records {str(recorded)[:12]}... (characters swapped, replaced or reordered). The "
+            f"ids would decode to the wrong characters; restore the folder's original vocab.json"
+        )
+    fast = folder / FAST_TOKENIZER_FILE_NAME
+    if fast.is_file():
+        vocab.check_tokenizer_file(fast, vocab_file)
+    return vocab
 
 
 def _torch_backend(folder: Path, threads: int | None):

@@ -7,13 +7,16 @@ from gpt_serve import CharGPTConfig
 
 def test_attribute_map_gives_standard_names():
     cfg = CharGPTConfig(block_size=64, n_embd=48, n_head=3, n_layer=2)
-    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers, cfg.max_position_embeddings) == (
-        48,
-        3,
-        2,
-        64,
-    )
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers) == (48, 3, 2)
     assert cfg.head_size == 16
+    # block_size is the window, not a length limit: no max_position_embeddings for transformers to warn about
+    assert not hasattr(cfg, "max_position_embeddings")
+
+
+def test_vocab_sha256_is_checked():
+    assert CharGPTConfig(vocab_sha256="ab" * 32).vocab_sha256 == "ab" * 32
+    with pytest.raises(ValueError, match="vocab_sha256 must be None or 64 lowercase hex digits"):
+        CharGPTConfig(vocab_sha256="not-a-hash")
 
 
 def test_defaults_are_the_lesson_final_model():

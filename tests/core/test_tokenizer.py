@@ -1,5 +1,7 @@
 """CharTokenizer: the lesson's vocabulary, exact round trips, unknown-character policies, padding."""
 
+from pathlib import Path
+
 import pytest
 
 from gpt_serve import CharTokenizer
@@ -83,3 +85,64 @@ def test_vocab_file_errors(tmp_path):
 def test_decode_rejects_ids_outside_vocabulary(tokenizer):
     with pytest.raises(ValueError, match="token id 99 is outside the vocabulary"):
         tokenizer.vocab.decode([1, 99])
+
+
+def test_saving_writes_a_tokenizer_json_with_the_same_ids(tmp_path, tokenizer, corpus):
+    from tokenizers import Tokenizer
+
+    tokenizer.save_pretrained(tmp_path)
+    fast = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert fast.encode(corpus).ids == tokenizer.vocab.encode(corpus)  # all 1,115,394 characters
+    assert fast.decode(fast.encode(corpus[:3000]).ids) == corpus[:3000]
+    assert fast.token_to_id("<pad>") == tokenizer.pad_token_id == 65
+
+
+def test_a_tokenizer_json_that_disagrees_is_refused(tmp_path, tokenizer):
+    import json
+
+    tokenizer.save_pretrained(tmp_path)
+    fast = json.loads((tmp_path / "tokenizer.json").read_text(encoding="utf-8"))
+    fast["model"]["vocab"]["a"], fast["model"]["vocab"]["b"] = fast["model"]["vocab"]["b"], fast["model"]["vocab"]["a"]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(fast), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"tokenizer.json and .*vocab.json disagree .*\('a', 39\)"):
+        CharTokenizer.from_pretrained(tmp_path)
+
+
+def test_autotokenizer_loads_a_saved_folder_without_gpt_serve_or_remote_code(tmp_path, tiny_model_dir, corpus):
+    """transformers alone (gpt_serve blocked) reads tokenizer.json: same ids, exact decode, left padding with <pad>.
+
+    A data-only folder (as shipped) needs no argument; a folder with the remote-code bundle (as training saves it)
+    takes `trust_remote_code=False`, else transformers asks whether to run its code."""
+    import json
+    import shutil
+
+    from gpt_serve.vocab import CharVocab
+    from tests.conftest import run_without_gpt_serve
+
+    plain = Path(shutil.copytree(tiny_model_dir, tmp_path / "plain", ignore=shutil.ignore_patterns("*.py")))
+    config = json.loads((plain / "config.json").read_text())
+    del config["auto_map"]
+    (plain / "config.json").write_text(json.dumps(config))
+    text = corpus[:20_000]
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    script = f"""
+        import json
+        from transformers import AutoTokenizer
+
+        text = open("text.txt", encoding="utf-8").read()
+        for folder, kwargs in (({str(plain)!r}, {{}}), ({str(tiny_model_dir)!r}, {{"trust_remote_code": False}})):
+            tok = AutoTokenizer.from_pretrained(folder, **kwargs)
+            ids = tok(text).input_ids
+            batch = tok(["ab", "abcd"], padding=True)
+            result = [type(tok).__name__, ids, tok.decode(ids) == text, batch.input_ids, batch.attention_mask]
+            print("RESULT " + json.dumps(result))
+    """
+    result = run_without_gpt_serve(script, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line.removeprefix("RESULT ") for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    want = CharVocab.from_file(tiny_model_dir / "vocab.json").encode(text)
+    for line in lines:
+        kind, ids, exact, padded, mask = json.loads(line)
+        assert kind == "TokenizersBackend" and ids == want and exact
+        assert padded == [[65, 65, 39, 40], [39, 40, 41, 42]] and mask == [[0, 0, 1, 1], [1, 1, 1, 1]]

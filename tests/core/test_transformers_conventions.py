@@ -95,3 +95,35 @@ def test_compiles_as_one_graph_with_an_attention_mask(tiny_model):
 
 def test_the_model_is_its_own_base_model(tiny_model):
     assert tiny_model.base_model is tiny_model
+
+
+def test_pipeline_samples_shakespeare_with_no_warning(tmp_path):
+    """generation_config.json gives sampled text (the lesson's temperature 1) and 200 new characters, and
+    transformers has nothing to warn about (no max-length reminder past block_size)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from gpt_serve.models import model_path
+
+    script = textwrap.dedent(f"""
+        import json
+        import gpt_serve
+        from transformers import pipeline, set_seed
+
+        gpt_serve.register_auto_classes()
+        generate = pipeline("text-generation", model={str(model_path("shakespeare"))!r})
+        set_seed(0)
+        texts = [generate("ROMEO:")[0]["generated_text"] for _ in range(2)]
+        print("RESULT " + json.dumps(texts))
+    """)
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    result = subprocess.run([sys.executable, "-W", "always", "-c", script], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr == ""  # no warning of any kind
+    line = next(line for line in result.stdout.splitlines() if line.startswith("RESULT "))
+    first, second = json.loads(line.removeprefix("RESULT "))
+    assert first.startswith("ROMEO:") and len(first) == len("ROMEO:") + 200  # past block_size (128)
+    assert first != second  # sampled, not greedy

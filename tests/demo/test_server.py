@@ -32,6 +32,63 @@ def test_generate_is_the_only_public_endpoint_and_has_named_parameters(client):
     assert names[len(API_PARAMETERS) :] == ["window_mode", "unk_policy"]  # optional extras
 
 
+def test_the_api_page_describes_every_parameter_with_its_choices(client, registry):
+    endpoint = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]
+    assert endpoint["description"].startswith("Streams the continuation of a prompt")
+    parameters = {p["parameter_name"]: p for p in endpoint["parameters"]}
+    undescribed = [name for name, p in parameters.items() if not p["python_type"]["description"]]
+    assert not undescribed and [p["label"] for p in parameters.values()] == list(parameters)
+    assert "0 is greedy" in parameters["temperature"]["python_type"]["description"]
+    assert parameters["backend"]["type"]["enum"] == ["torch", "onnx", "onnx-int8"]
+    assert parameters["model"]["type"]["enum"] == list(registry.names)
+    assert parameters["model"]["parameter_default"] == "tiny"  # the server's default, not None
+    assert parameters["window_mode"]["type"]["enum"] == ["exact", "refill"]
+    assert parameters["unk_policy"]["type"]["enum"] == ["error", "drop", "replace"]
+    assert parameters["max_new_tokens"]["python_type"]["type"] == "int"
+    (output,) = endpoint["returns"]
+    assert output["python_type"]["type"] == "str"
+
+
+def test_the_mcp_server_offers_generate_as_a_described_tool(registry):
+    """`python -m demo --mcp`: Gradio's MCP server, whose tool schema comes from the same docstring and types."""
+    import json
+    import urllib.request
+
+    pytest.importorskip("mcp", reason="Gradio's MCP support is not installed (pip install 'gpt-serve[mcp]')")
+    from demo.app import build_demo
+
+    blocks = build_demo(registry, default_model="tiny")
+    blocks.launch(
+        server_name="127.0.0.1",
+        server_port=free_port(),
+        prevent_thread_lock=True,
+        quiet=True,
+        ssr_mode=False,
+        mcp_server=True,
+    )
+    try:
+        with urllib.request.urlopen(blocks.local_url + "gradio_api/mcp/schema", timeout=30) as response:
+            tools = json.load(response)
+    finally:
+        blocks.close()
+    (tool,) = [t for t in tools if t["name"].endswith("generate")]
+    assert tool["description"].startswith("Streams the continuation of a prompt")
+    properties = tool["inputSchema"]["properties"]
+    assert properties["window_mode"]["enum"] == ["exact", "refill"]
+    assert "0 is greedy" in properties["temperature"]["description"]
+
+
+def test_cli_mcp_without_the_extra_names_it(monkeypatch, capsys):
+    import importlib.util
+
+    from demo.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mcp" else real(name, *a))
+    assert main(["--mcp", "--no-preload"]) == 2
+    assert "pip install 'gpt-serve[mcp]'" in capsys.readouterr().err
+
+
 def test_streams_over_the_wire(client, server):
     wait_idle(server.activity)
     job = client.submit(prompt="ROMEO:", max_new_tokens=3000, seed=0, model="tiny", api_name="/generate")

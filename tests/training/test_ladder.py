@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 
 from gpt_serve import CharGPTForCausalLM, CharTokenizer
 from gpt_serve.models import list_models, model_path
@@ -106,9 +107,10 @@ def test_shipped_ladder_model_is_within_tolerance_of_the_lesson(name, val_set, t
     assert logged["step"] == 5000
     assert abs(whole - lesson) <= LADDER_TOLERANCE, (name, whole, lesson)
     assert abs(logged["val_loss"] - lesson) <= LADDER_TOLERANCE, (name, logged["val_loss"], lesson)
-    card = (folder / "README.md").read_text()
-    assert card.startswith("---\nlibrary_name: transformers\n") and f"value: {logged['val_loss']:.4f}" in card
-    assert f"python -m training --preset {name}" in card
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.library_name == "transformers" and card.data.datasets == ["karpathy/tiny_shakespeare"]
+    assert card.data.eval_results[0].metric_value == round(logged["val_loss"], 4)
+    assert f"python -m training --preset {name}" in card.text
     assert CharTokenizer.from_pretrained(folder).vocab.chars == tokenizer.vocab.chars
 
 

@@ -46,31 +46,46 @@ def test_the_output_folder_loads_with_the_auto_classes(trained):
         "generation_config.json",
         "model.safetensors",
         "vocab.json",
+        "tokenizer.json",
         "tokenizer_config.json",
         "modeling_chargpt.py",
         "configuration_chargpt.py",
-        "tokenization_chargpt.py",
     ):
         assert (out / name).is_file(), name
     assert json.loads((out / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"]
 
 
-def test_model_card_has_front_matter_losses_command_hardware_and_sample(trained):
-    _, result, out = trained
-    card = (out / "README.md").read_text()
-    front, body = card.split("---\n")[1], card.split("---\n", 2)[2]
-    for line in (
-        "library_name: transformers",
-        "pipeline_tag: text-generation",
-        "- tiny_shakespeare",
-        "- loss",
-        f"value: {result['val_loss']:.4f}",
-        f"value: {result['train_loss']:.4f}",
-    ):
-        assert line in front, line
+def test_model_card_has_front_matter_losses_command_hardware_and_sample(trained, small_data_path):
+    from huggingface_hub import ModelCard
+
+    trainer, result, out = trained
+    card = ModelCard.load(out / "README.md")
+    data = card.data
+    assert (data.library_name, data.pipeline_tag, data.license) == ("transformers", "text-generation", "mit")
+    assert data.datasets is None and data.language is None  # a slice of the corpus: not the Hub dataset
+    val, train = data.eval_results
+    assert (val.metric_value, val.dataset_split) == (round(result["val_loss"], 4), "validation")
+    assert train.metric_value == round(result["train_loss"], 4)
+    assert f"small.txt (sha256 {trainer.corpus.sha256})" in val.dataset_name
+    body = card.text
     assert "pytest run" in body and "hardware" in body and "wall time" in body and "## Sample" in body
+    assert "small.txt" in body.split("\n\n")[1]  # "trained ... on small.txt (sha256 ...)", not Tiny Shakespeare
     sample = body.split("## Sample")[1].split("```")[1].strip("\n")
     assert len(sample) == 20
+
+
+def test_model_card_names_the_hub_dataset_for_tiny_shakespeare_and_parses_for_any_folder_name(tmp_path, corpus):
+    from huggingface_hub import ModelCard
+
+    from training.report import Corpus, card_data
+
+    data = card_data("x: y", 1.4786, 1.31, Corpus.of(corpus, "input.txt"))
+    assert data.datasets == ["karpathy/tiny_shakespeare"] and data.language == ["en"]
+    path = tmp_path / "README.md"
+    ModelCard(f"---\n{data.to_yaml()}\n---\n# x: y\n").save(path)
+    loaded = ModelCard.load(path).data
+    assert loaded.model_name == "x: y" and loaded.eval_results[0].metric_value == 1.4786
+    assert loaded.eval_results[0].dataset_type == "karpathy/tiny_shakespeare"
 
 
 def test_loss_plot_and_metrics_are_written_at_every_evaluation(tmp_path, make_config, monkeypatch):

@@ -58,6 +58,30 @@ def test_a_vocabulary_of_the_wrong_size_is_refused_by_every_backend(exported_dir
         load_backend(folder, key)
 
 
+@pytest.mark.parametrize("key", list(BACKENDS))
+def test_a_vocabulary_with_swapped_characters_is_refused_by_every_backend(exported_dir, tmp_path, key):
+    folder = copy(exported_dir, tmp_path)
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    vocab["a"], vocab["e"] = vocab["e"], vocab["a"]  # the right size, the wrong letters
+    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (folder / "tokenizer.json").unlink()  # else that file's disagreement is reported first
+    with pytest.raises(ValueError, match="vocab.json is not the vocabulary the model was trained with"):
+        load_backend(folder, key)
+
+
+@pytest.mark.parametrize("key", list(BACKENDS))
+def test_a_tokenizer_json_that_disagrees_with_vocab_json_is_refused(exported_dir, tmp_path, key):
+    folder = copy(exported_dir, tmp_path)
+    fast = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    fast["model"]["vocab"]["a"] = 64
+    (folder / "tokenizer.json").write_text(json.dumps(fast), encoding="utf-8")
+    with pytest.raises(ValueError, match="tokenizer.json and .*vocab.json disagree on the vocabulary"):
+        load_backend(folder, key)
+    (folder / "tokenizer.json").write_text("{", encoding="utf-8")
+    with pytest.raises(ValueError, match="tokenizer.json is not a readable tokenizers file"):
+        load_backend(folder, key)
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [
