@@ -72,6 +72,8 @@ class CharTokenizer(PreTrainedTokenizer):
             self.vocab = CharVocab(chars, unk_policy=unk_policy, unk_replacement=unk_replacement)
         if tokenizer_file is not None and vocab_file is not None:
             self.vocab.check_tokenizer_file(tokenizer_file, vocab_file)
+        for loading_only in ("is_local", "local_files_only"):  # from_pretrained's, not the tokenizer's: not saved
+            kwargs.pop(loading_only, None)
         kwargs.setdefault("pad_token", PAD_TOKEN)
         kwargs.setdefault("padding_side", "left")  # generation pads on the left
         kwargs.setdefault("model_max_length", int(1e30))

@@ -146,3 +146,12 @@ def test_autotokenizer_loads_a_saved_folder_without_gpt_serve_or_remote_code(tmp
         kind, ids, exact, padded, mask = json.loads(line)
         assert kind == "TokenizersBackend" and ids == want and exact
         assert padded == [[65, 65, 39, 40], [39, 40, 41, 42]] and mask == [[0, 0, 1, 1], [1, 1, 1, 1]]
+
+
+def test_a_reloaded_tokenizer_saves_no_loading_options(tmp_path, tokenizer):
+    import json
+
+    tokenizer.save_pretrained(tmp_path / "a")
+    CharTokenizer.from_pretrained(tmp_path / "a").save_pretrained(tmp_path / "b")
+    saved = json.loads((tmp_path / "b" / "tokenizer_config.json").read_text())
+    assert "is_local" not in saved and "local_files_only" not in saved
