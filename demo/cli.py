@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from gpt_serve.cli import positive_int, quiet_model_loading
+from gpt_serve.cli import check_port_free, positive_int, quiet_model_loading, thread_count
 from gpt_serve.generation import BACKENDS
 from gpt_serve.models import MODELS_DIR
 
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--threads",
-        type=positive_int,
+        type=thread_count,
         default=1,
         help="threads per forward pass, PyTorch and ONNX Runtime (default 1: suits many users at once)",
     )
@@ -89,7 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="also serve /generate as an MCP tool at /gradio_api/mcp/ (needs pip install 'gpt-serve[mcp]')",
     )
     p.add_argument("--no-preload", action="store_true", help="load models on first use instead of at startup")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--log-level",
+        default=None,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="the libraries' log level (default WARNING; INFO with --verbose)",
+    )
+    p.add_argument(
+        "--verbose", action="store_true", help="INFO logs (every HTTP request Gradio makes) and progress bars"
+    )
     return p
 
 
@@ -143,8 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.mcp and importlib.util.find_spec("mcp") is None:
         print("demo: error: --mcp needs Gradio's MCP support: pip install 'gpt-serve[mcp]'", file=sys.stderr)
         return 2
-    quiet_model_loading()
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # before anything loads
+        hint = f'is another demo running? pass --port N (make demo DEMO_ARGS="--port {args.port + 1}")'
+        check_port_free(args.host, args.port, hint)
+    except OSError as e:
+        print(f"demo: error: {e}", file=sys.stderr)
+        return 2
+    quiet_model_loading(args.verbose)
+    level = args.log_level or ("INFO" if args.verbose else "WARNING")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home unless the user asks for them
     try:
         import torch

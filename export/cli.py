@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gpt_serve.cli import quiet_model_loading
+from gpt_serve.cli import quiet_model_loading, thread_count
 from gpt_serve.models import DEFAULT_MODEL
 
 from .onnx_export import OPSET
@@ -38,7 +38,12 @@ def build_parser(prog: str = "python -m export") -> argparse.ArgumentParser:
         "(default: Tiny Shakespeare, downloaded once into the user cache)",
     )
     parser.add_argument("--no-quantize", action="store_true", help="write only the fp32 graph")
-    parser.add_argument("--decode-steps", type=int, default=4, help="cached decode steps compared after the prefill")
+    parser.add_argument(
+        "--decode-steps",
+        type=int,
+        default=4,
+        help="cached decode steps compared after the prefill (default 4; at most block_size - 1)",
+    )
     parser.add_argument(
         "--atol",
         type=float,
@@ -57,8 +62,11 @@ def build_parser(prog: str = "python -m export") -> argparse.ArgumentParser:
         default=32768,
         help="about how many validation characters the int8 loss is measured on (default 32768)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch and ONNX Runtime threads (default: theirs)")
+    parser.add_argument(
+        "--threads", type=thread_count, default=None, help="torch and ONNX Runtime threads (default: all CPUs)"
+    )
     parser.add_argument("--no-model-card", action="store_true", help="leave MODEL_DIR/README.md alone")
+    parser.add_argument("--verbose", action="store_true", help="show progress bars and INFO logs")
     return parser
 
 
@@ -71,18 +79,16 @@ def _load_text(path: Path | None) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    quiet_model_loading()
     via_gpt_serve = Path(sys.argv[0]).name in ("gpt-serve", "gpt_serve")
     args = build_parser("gpt-serve export" if via_gpt_serve else "python -m export").parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet_model_loading(args.verbose)
+    level = logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     for name, value in (("--decode-steps", args.decode_steps), ("--val-tokens", args.val_tokens)):
         if value < 1:
             print(f"error: {name} must be >= 1, got {value}", file=sys.stderr)
             return 2
     if args.threads is not None:
-        if args.threads < 1:
-            print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
-            return 2
         import torch
 
         torch.set_num_threads(args.threads)

@@ -37,6 +37,7 @@ from .validate import (
 )
 
 logger = logging.getLogger(__name__)
+WORK_PREFIX = ".onnx-export-"  # the temporary folder the graphs are written to and checked in, inside the model's
 
 
 @dataclass
@@ -114,8 +115,15 @@ def export_model(
         raise ValueError("the int8 check needs the validation text: pass text= (the training corpus) or quantize=False")
     loaded = load_backend(model_dir, "torch")  # the library's checks of the folder, weights and vocabulary
     folder, vocab, model = loaded.folder, loaded.vocab, loaded.backend.pretrained.float()
+    block_size = model.config.block_size
+    if isinstance(decode_steps, bool) or not isinstance(decode_steps, int) or not 1 <= decode_steps < block_size:
+        raise ValueError(
+            f"decode_steps must be an integer in [1, block_size - 1] = [1, {block_size - 1}] (the parity check "
+            f"decodes inside the model's window), got {decode_steps!r}"
+        )
+    remove_stale_work_folders(folder)
     report = ExportReport(folder, opset, atol=atol, versions=_versions())
-    work = Path(tempfile.mkdtemp(prefix=".onnx-export-", dir=folder))
+    work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=folder))
     try:
         graphs = _write_graphs(model, vocab, weights_sha256(folder), work, quantize, opset, report)
         graph_file = graphs["int8" if quantize else "fp32"].name
@@ -131,6 +139,15 @@ def export_model(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report
+
+
+def remove_stale_work_folders(folder: Path) -> None:
+    """Removes the `.onnx-export-*` work folders an interrupted export (a kill, a power cut) left in `folder`. One
+    export per folder at a time: a second one running would lose its work folder."""
+    for stale in folder.glob(WORK_PREFIX + "*"):
+        if stale.is_dir():
+            logger.info("removing %s, left by an interrupted export", stale)
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _versions() -> dict[str, str]:

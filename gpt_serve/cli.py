@@ -23,6 +23,7 @@ import time
 from importlib.metadata import EntryPoint, entry_points
 
 from .generation import BACKENDS, WINDOW_MODES, SamplingParams, load_backend, stream_text
+from .generation.threads import check_threads
 from .models import DEFAULT_MODEL
 from .vocab import UNK_POLICIES
 
@@ -37,10 +38,16 @@ COMMAND_HELP = {
 EXTRAS = {"train": "train", "ladder": "train", "export": "export", "demo": "demo"}
 
 
-def quiet_model_loading() -> None:
-    """No "Loading weights" progress bar from transformers in the commands' output (before transformers is
-    imported; `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment keeps the bars)."""
+def quiet_model_loading(verbose: bool = False) -> None:
+    """No "Loading weights" progress bar from transformers in the commands' output, unless `verbose` (or
+    `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment)."""
+    if verbose:
+        return
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] != "0":  # read at its import
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
 
 
 def positive_int(text: str) -> int:
@@ -49,6 +56,30 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
     return value
+
+
+def thread_count(text: str) -> int:
+    """argparse type: a thread count in [1, the CPUs this process may use]."""
+    try:
+        return check_threads(int(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(
+            str(e).replace("threads must be None (the runtime's default) or ", "must be ")
+        ) from None
+
+
+def check_port_free(host: str, port: int, hint: str) -> None:
+    """An OSError naming `hint` (how to choose another port) when (host, port) cannot be bound: checked before any
+    model loads, so a busy port costs no wait."""
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do
+            probe.bind((host, port))
+    except OSError as e:
+        raise OSError(f"cannot serve on {host}:{port} ({e.strerror or e}): {hint}") from None
 
 
 def app_commands() -> dict[str, EntryPoint]:
@@ -115,6 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     from .generation.registry import ModelRegistry
 
+    check_port_free(args.host, args.port, "another server holds the port? choose another with --port N")
     registry = ModelRegistry.discover(
         args.model_dir, args.models_root, expected=(), threads=args.threads, max_batch=args.max_batch,
         max_queue=args.max_queue,
@@ -165,9 +197,10 @@ def build_parser(apps: dict[str, EntryPoint] | None = None) -> argparse.Argument
         "--unk-policy", choices=UNK_POLICIES, default=None, help="characters outside the vocabulary (none: error)"
     )
     g.add_argument("--backend", choices=list(BACKENDS), default="torch", help="what computes the logits")
-    g.add_argument("--threads", type=positive_int, default=None, help="threads per forward pass (none: all)")
+    g.add_argument("--threads", type=thread_count, default=None, help="threads per forward pass (none: all CPUs)")
     g.add_argument("--no-echo", action="store_true", help="do not print the prompt before the continuation")
     g.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
+    g.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
     g.set_defaults(func=_generate)
     m = sub.add_parser("models", help="list the shipped models")
     m.set_defaults(func=_models)
@@ -190,24 +223,25 @@ def _serve_parser(sub) -> None:
     s.add_argument("--models-root", default=str(MODELS_DIR), help="folder whose sub-folders are the models")
     s.add_argument("--model-dir", action="append", default=[], metavar="[NAME=]PATH", help="add a model folder")
     s.add_argument("--backend", choices=list(BACKENDS), default="torch", help="when a request names none")
-    s.add_argument("--threads", type=positive_int, default=None, help="threads per forward pass (none: all)")
+    s.add_argument("--threads", type=thread_count, default=None, help="threads per forward pass (none: all CPUs)")
     s.add_argument("--max-batch", type=positive_int, default=16, help="requests decoded at once, per model")
     s.add_argument("--max-queue", type=positive_int, default=256, help="requests waiting; past it: 429")
     s.add_argument("--max-tokens-limit", type=positive_int, default=2000, help="the largest max_tokens accepted")
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="uvicorn's")
+    s.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
     s.set_defaults(func=_serve)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    quiet_model_loading()
     apps = app_commands()
     if argv and argv[0] in apps:
         return _run_app(apps[argv[0]], argv[1:])
     args = build_parser(apps).parse_args(argv)
+    quiet_model_loading(getattr(args, "verbose", False))
     try:
         return args.func(args)
-    except (ValueError, TypeError, OSError) as e:  # OSError: missing or unreadable files
+    except (ValueError, TypeError, OSError, ImportError) as e:  # OSError: missing or unreadable files
         print(f"gpt-serve: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -19,6 +19,7 @@ from .presets import PRESETS, get_preset
 from .trainer import TrainConfig, Trainer
 
 _TYPES = {"int": int, "float": float, "str": str, "str | None": str}
+DEFAULT_PRESET = "shakespeare-cpu"
 
 
 def _bool(value: str) -> bool:
@@ -43,11 +44,17 @@ def build_parser(prog: str = "python -m training") -> argparse.ArgumentParser:
         description="Train a character-level GPT (the 'Let's build GPT' model).",
         epilog="--model.KEY VALUE overrides an argument of the model config (CharGPTConfig), e.g. --model.n_layer 8.",
     )
-    p.add_argument("--preset", default="shakespeare-cpu", help=f"one of: {', '.join(PRESETS)} (default: %(default)s)")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(PRESETS)} (default: %(default)s)")
     p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
+    default_preset = get_preset(DEFAULT_PRESET)
     for f in TrainConfig.flag_fields():
         flags = ["--" + f.name.replace("_", "-")] + (["--out"] if f.name == "out_dir" else [])
         help_text = f.metadata.get("help")
+        if any(f.name in preset.train for preset in PRESETS.values()):
+            value = default_preset.train.get(f.name, f.default)
+            help_text += f" (default: the preset's; {DEFAULT_PRESET}: {value})"
+        elif "default" not in help_text:
+            help_text += f" (default: {f.default})"
         if f.type in ("bool", "bool | None"):
             # `--keep-best` alone means true; `--keep-best false` switches off what a preset switched on.
             p.add_argument(*flags, type=_bool, nargs="?", const=True, default=None, metavar="BOOL", help=help_text)

@@ -6,6 +6,7 @@ import inspect
 from dataclasses import dataclass, field, fields
 
 from gpt_serve import CharGPTConfig
+from gpt_serve.generation.threads import available_cpus
 
 # The model config entries a checkpoint must share with the run resuming it (the architecture).
 ARCH_KEYS = (
@@ -83,7 +84,7 @@ class TrainConfig:
     seed: int = _opt(1337, "seed of the initial weights, dropout and batch sampling")
     device: str = _opt("auto", "'auto' (CUDA if available), 'cpu', 'cuda' or 'cuda:N'")
     compile: bool | None = _opt(None, "torch.compile the model (default: on for CUDA, off for CPU)")
-    threads: int = _opt(0, "CPU threads per process (0: PyTorch's default)")
+    threads: int = _opt(0, "CPU threads per process (default 0: PyTorch's choice)")
     resume: bool = _opt(False, "continue the run checkpointed in --out-dir exactly")
     sample_tokens: int = _opt(300, "length of the sample written into the model card")
     progress: bool = _opt(True, "show a progress bar (rank 0)")
@@ -108,6 +109,12 @@ class TrainConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        cpus = available_cpus()
+        if self.threads > cpus:
+            raise ValueError(
+                f"threads must be 0 (PyTorch's default) or at most the {cpus} CPUs this process may use, "
+                f"got {self.threads}"
+            )
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.schedule not in SCHEDULES:

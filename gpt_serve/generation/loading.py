@@ -24,6 +24,7 @@ from pathlib import Path
 from ..models import model_path, read_config
 from ..vocab import FAST_TOKENIZER_FILE_NAME, VOCAB_FILE_NAME, CharVocab
 from .engine import Backend
+from .threads import check_threads
 
 # key -> what the UI shows. The keys are what `gpt-serve generate --backend`, the demo and the APIs take.
 BACKENDS = {"torch": "PyTorch", "onnx": "ONNX Runtime fp32", "onnx-int8": "ONNX Runtime int8"}
@@ -52,12 +53,6 @@ def check_backend_key(key: object) -> str:
     return key
 
 
-def check_threads(threads: object) -> int | None:
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be None (the runtime's default) or an integer >= 1, got {threads!r}")
-    return threads
-
-
 def load_backend(
     model: str | os.PathLike = "shakespeare", backend: str = "torch", threads: int | None = None
 ) -> LoadedModel:
@@ -70,6 +65,7 @@ def load_backend(
         ValueError: an unknown model or backend, or a folder whose files are missing, corrupt or do not match
             each other (the message names the file and what is wrong).
         FileNotFoundError: a file the backend needs is missing (the message says how to make it).
+        ModuleNotFoundError: the backend's runtime is not installed (the message says what to install).
     """
     start = time.perf_counter()
     key = check_backend_key(backend)
@@ -109,10 +105,17 @@ def check_vocab(folder: Path, config: dict) -> CharVocab:
 
 
 def _torch_backend(folder: Path, threads: int | None):
-    import torch
+    try:
+        import torch
 
-    from .. import CharGPTForCausalLM
-    from .torch_backend import TorchBackend
+        from .. import CharGPTForCausalLM
+        from .torch_backend import TorchBackend
+    except ImportError as e:  # a torch-free install: numpy + onnxruntime and the package without dependencies
+        raise ModuleNotFoundError(
+            f"the torch backend needs PyTorch and transformers ({e}): pip install torch transformers, or use the "
+            f"'onnx' or 'onnx-int8' backend",
+            name=e.name,
+        ) from None
 
     weights = folder / WEIGHTS_FILE_NAME
     if not weights.is_file():

@@ -33,6 +33,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 from ..models import model_path, read_config
 from ..vocab import VOCAB_FILE_NAME, CharVocab
+from .threads import check_threads
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,7 @@ def weights_sha256(model_dir: str | os.PathLike) -> str | None:
 def session_options(threads: int | None = None) -> ort.SessionOptions:
     """SessionOptions for batch-1-ish decoding: all graph optimizations, `threads` intra-op threads (None: ORT's
     default, one per physical core), one inter-op thread (the graph is a chain; parallel branches do not pay)."""
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be None (ONNX Runtime's default) or an integer >= 1, got {threads!r}")
+    threads = check_threads(threads, "ONNX Runtime's default")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

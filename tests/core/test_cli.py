@@ -35,17 +35,41 @@ def test_bad_arguments_exit_2_with_a_message(tiny_model_dir, capsys, args, messa
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
-@pytest.mark.parametrize("threads", ["0", "-3"])
+@pytest.mark.parametrize("threads", ["0", "-3", "10000"])
 def test_bad_thread_counts_are_usage_errors(capsys, backend, threads):
+    """More threads than CPUs only make every operator wait (10000 once turned a 4 s run into 71 s)."""
+    from gpt_serve.generation.threads import available_cpus
+
     with pytest.raises(SystemExit) as exc:
         main(["generate", "ladder-a", "--backend", backend, "--threads", threads])
-    assert exc.value.code == 2 and f"--threads: must be an integer >= 1, got {threads}" in capsys.readouterr().err
+    message = f"--threads: must be an integer in [1, {available_cpus()}] (the CPUs this process may use), got {threads}"
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_commands_print_no_weight_loading_bar(tiny_model_dir, capsys):
+    assert main(["generate", str(tiny_model_dir), "--max-new-tokens", "3", "--seed", "0"]) == 0
+    assert "Loading weights" not in capsys.readouterr().err
+
+
+def test_serve_names_a_busy_port_before_loading_anything(capsys):
+    import socket
+    import time
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        start = time.perf_counter()
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot serve on 127.0.0.1:{port}" in err and "choose another with --port N" in err
+    assert time.perf_counter() - start < 5
 
 
 def test_load_backend_checks_threads():
     from gpt_serve.cli import load_backend
 
-    with pytest.raises(ValueError, match="threads must be None .* or an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="threads must be None .* or an integer in \\[1, \\d+\\] .*, got 0"):
         load_backend("ladder-a", "torch", threads=0)
 
 

@@ -8,7 +8,7 @@ from demo.cli import build_parser
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--threads", "0"], "--threads: must be an integer >= 1, got 0"),
+        (["--threads", "0"], "--threads: must be an integer in [1, "),
         (["--concurrency", "-2"], "--concurrency: must be an integer >= 1, got -2"),
         (["--port", "70000"], "--port: must be a TCP port in [1, 65535], got 70000"),
         (["--backend", "tensorflow"], "--backend: invalid choice: 'tensorflow'"),
@@ -18,3 +18,20 @@ def test_bad_flags_are_usage_errors(capsys, args, message):
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(args)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_busy_port_is_named_before_any_model_loads(capsys):
+    import socket
+    import time
+
+    from demo.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        start = time.perf_counter()
+        assert main(["--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot serve on 127.0.0.1:{port}" in err and f'make demo DEMO_ARGS="--port {port + 1}"' in err
+    assert time.perf_counter() - start < 5  # nothing was loaded

@@ -171,6 +171,19 @@ def test_cli_usage_errors(tmp_path, tiny_model_dir, capsys):
     assert main([str(tiny_model_dir), "--data", str(tmp_path / "nope.txt")]) == 2
     assert "--data" in capsys.readouterr().err
     assert main(["--decode-steps", "0"]) == 2
+    assert main([str(tiny_model_dir), "--no-quantize", "--decode-steps", "200"]) == 2  # block_size 16
+    assert "decode_steps must be an integer in [1, block_size - 1] = [1, 15]" in capsys.readouterr().err
+
+
+def test_an_interrupted_exports_work_folder_is_removed_by_the_next(tmp_path, tiny_model_dir):
+    import shutil
+
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
+    stale = folder / ".onnx-export-killed"
+    stale.mkdir()
+    (stale / "model.onnx").write_bytes(b"half a graph")
+    assert export_model(folder, quantize=False, threads=1).passed
+    assert not stale.exists()
 
 
 def test_model_card_update_keeps_the_rest(tmp_path, exported):

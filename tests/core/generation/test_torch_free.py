@@ -43,7 +43,13 @@ SCRIPT = textwrap.dedent(
     int8 = OnnxBackend(folder, quantized=True, threads=1)
     text = "".join(stream_text(int8, int8.vocab, "ROMEO:", 20, SamplingParams(0.8), seed=3, window_mode="refill"))
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
-    print(json.dumps({"greedy": greedy, "text": text, "loaded": loaded}))
+
+    import contextlib, io  # the CLI's default backend is torch: a message, not a traceback
+    from gpt_serve.cli import main
+
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        code = main(["generate", folder, "--max-new-tokens", "5"])
+    print(json.dumps({"greedy": greedy, "text": text, "loaded": loaded, "torch_cli": [code, err.getvalue()]}))
     """
 )
 
@@ -68,6 +74,9 @@ def test_onnx_runtime_path_never_imports_torch(exported_dir, tmp_path):
         list(generate_tokens(TorchBackend(make_tiny_model()), [[1, 2, 3], [9]], 40, SamplingParams(temperature=0)))
     )
     np.testing.assert_array_equal(np.array(result["greedy"]), expected)
+    code, err = result["torch_cli"]
+    assert code == 2 and "the torch backend needs PyTorch and transformers" in err, err
+    assert "use the 'onnx' or 'onnx-int8' backend" in err and "Traceback" not in err
 
 
 FULL_ENV_SCRIPT = textwrap.dedent(
