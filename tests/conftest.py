@@ -4,6 +4,7 @@ them exported to ONNX once per session."""
 from __future__ import annotations
 
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,17 @@ def exported(tmp_path_factory, tiny_model_dir, corpus):
 def exported_dir(exported) -> Path:
     """The exported tiny model's folder; tests that change files work on a copy (`shutil.copytree`)."""
     return exported[0]
+
+
+@contextmanager
+def busy_port():
+    """A port on 127.0.0.1 that something is listening on, for as long as the block runs."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        yield busy.getsockname()[1]
 
 
 def run_without_gpt_serve(script: str, cwd: Path):

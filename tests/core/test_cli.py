@@ -52,13 +52,11 @@ def test_the_commands_print_no_weight_loading_bar(tiny_model_dir, capsys):
 
 
 def test_serve_names_a_busy_port_before_loading_anything(capsys):
-    import socket
     import time
 
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
+    from tests.conftest import busy_port
+
+    with busy_port() as port:
         start = time.perf_counter()
         assert main(["serve", "--port", str(port)]) == 2
     err = capsys.readouterr().err

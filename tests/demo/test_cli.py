@@ -21,15 +21,12 @@ def test_bad_flags_are_usage_errors(capsys, args, message):
 
 
 def test_a_busy_port_is_named_before_any_model_loads(capsys):
-    import socket
     import time
 
     from demo.cli import main
+    from tests.conftest import busy_port
 
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
+    with busy_port() as port:
         start = time.perf_counter()
         assert main(["--port", str(port)]) == 2
     err = capsys.readouterr().err
