@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpt_serve.generation.registry import ModelRegistry
 
     from .app import CSS, build_demo
+    from .browser import mount_browser
     from .generation import Limits
 
     try:
@@ -187,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if mount_api(app, registry, args.backend, args.max_new_tokens_limit):
         print(f"demo: OpenAI-compatible API at http://{args.host}:{args.port}/v1 (POST /v1/completions, /v1/models)")
+    missing = mount_browser(app, registry.folder(default_model))
+    print(
+        f"demo: in-browser page (onnxruntime-web) at http://{args.host}:{args.port}/browser/"
+        + (f" (not available: {missing})" if missing else "")
+    )
     age = seconds_since_process_start()
     print(
         f"demo: ready in {age:.1f} s (since the process started; Ctrl+C stops it)"
