@@ -5,7 +5,8 @@
     python -m demo --host 0.0.0.0 --port 8080       # serve other machines too (opt-in)
     python -m demo --share                          # and a public gradio.live link (opt-in, needs internet)
 
-It loads and warms up the default model before serving, so the first visitor gets no loading delay.
+It loads and warms up the default model before serving, so the first visitor gets no loading delay. Beside the
+Gradio page it serves the OpenAI-compatible API (/v1) and the in-browser page of the default model (/browser/).
 """
 
 from __future__ import annotations
