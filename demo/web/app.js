@@ -177,6 +177,7 @@ function main() {
     generate: async (options = {}) => generateForScript(await ready, options),
     stop: () => current && (current.stop = true),
   };
+  window.gptServe.ready.catch(() => {}); // the status line shows the error; a script awaiting `ready` gets it too
   $("stop-btn").addEventListener("click", () => window.gptServe.stop());
   ready.then(
     (model) => {

@@ -63,7 +63,9 @@ async function fetchFile(base, name, onnxFile) {
   try {
     response = await fetch(url);
   } catch (e) {
-    throw new ModelError(`cannot fetch ${url} (${e.message}): is the server up, and is the model on this site?`);
+    throw new ModelError(
+      `cannot fetch ${url} (${e.message}): is the server up? (a model on another site must allow this page by CORS)`,
+    );
   }
   if (!response.ok) {
     throw new ModelError(
@@ -101,33 +103,34 @@ export function readMetadata(bytes) {
 }
 
 /** [field number, value] of each field of a protobuf message: length-delimited values as byte views, the
- * other wire types (varint, fixed32, fixed64) skipped as null. Throws on bytes that are not a message. */
+ * other wire types (varint, fixed64, fixed32) as null. Throws on bytes that are not a protobuf message. */
 function* protobufFields(bytes) {
+  const notProtobuf = () => new Error("the file is not an ONNX model (not a protobuf message, or truncated)");
   let pos = 0;
   const varint = () => {
     let result = 0;
-    for (let scale = 1; ; scale *= 128) {
-      if (pos >= bytes.length || scale > 2 ** 63) throw new ModelError("the file is not an ONNX model");
+    for (let scale = 1; scale < 2 ** 64; scale *= 128) {
+      if (pos >= bytes.length) throw notProtobuf();
       const byte = bytes[pos++];
       result += (byte & 0x7f) * scale;
       if (byte < 0x80) return result;
     }
+    throw notProtobuf();
   };
   while (pos < bytes.length) {
     const tag = varint();
     const [field, wireType] = [Math.floor(tag / 8), tag % 8];
+    let value = null;
     if (wireType === 0) varint();
     else if (wireType === 1) pos += 8;
     else if (wireType === 5) pos += 4;
     else if (wireType === 2) {
       const length = varint();
-      if (pos + length > bytes.length) throw new ModelError("the file is not an ONNX model (truncated?)");
-      yield [field, bytes.subarray(pos, pos + length)];
+      value = bytes.subarray(pos, pos + length);
       pos += length;
-      continue;
-    } else throw new ModelError("the file is not an ONNX model");
-    if (pos > bytes.length) throw new ModelError("the file is not an ONNX model (truncated?)");
-    yield [field, null];
+    } else throw notProtobuf();
+    if (pos > bytes.length) throw notProtobuf();
+    yield [field, value];
   }
 }
 
@@ -136,7 +139,16 @@ export class OnnxModel {
    * WASM backend. `base` is the folder's URL and `file` the ONNX file's path in it, for messages. */
   static async create(ort, { config, vocab, bytes, base, file = ONNX_SUBDIR + ONNX_FILES[0] }) {
     const where = `${base}${file}`;
-    const metadata = readMetadata(bytes);
+    if (!config || typeof config !== "object" || Array.isArray(config)) {
+      const got = JSON.stringify(config);
+      throw new ModelError(`${base}config.json must hold a model's config (a JSON object), got ${got}`);
+    }
+    let metadata;
+    try {
+      metadata = readMetadata(bytes);
+    } catch (e) {
+      throw new ModelError(`${where}: ${e.message}`);
+    }
     const missing = REQUIRED_METADATA.filter((k) => !(k in metadata));
     if (missing.length) {
       throw new ModelError(

@@ -44,12 +44,15 @@ class QuietHandler(SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """A static site by Python's http.server: demo/web as is at /page/ (as `cd demo/web && python -m http.server`
-    serves it), and beside it a model folder whose ONNX metadata lacks block_size."""
+    serves it), and beside it model folders whose ONNX file lacks block_size in its metadata, or is not ONNX."""
     if missing_files(browser_files(model_path("shakespeare"))):
         pytest.fail(f"{WEB_DIR / 'node_modules'} is incomplete: run `make install` (npm ci in demo/web)")
     root = tmp_path_factory.mktemp("site")
     (root / "page").symlink_to(WEB_DIR, target_is_directory=True)
     _model_without_block_size(root / "no-block-size")
+    not_onnx = root / "not-onnx"  # what a server's fallback page would give
+    shutil.copytree(root / "no-block-size", not_onnx)
+    (not_onnx / "onnx" / "model_quantized.onnx").write_text("<!doctype html><p>Not here</p>")
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -259,6 +262,7 @@ def test_bad_input_gets_a_clear_message(chromium, site, field, value, message):
     [
         ("?model=../nowhere/", "/nowhere/config.json answered 404"),
         ("?model=../no-block-size/", "lacks the metadata [block_size] that `python -m export` writes"),
+        ("?model=../not-onnx", "not-onnx/onnx/model_quantized.onnx: the file is not an ONNX model"),
         ("?onnx=weights.bin", "the ONNX file must be one of model_quantized.onnx, model.onnx (?onnx=...)"),
     ],
 )
