@@ -5,6 +5,7 @@
 - `demo.generation`: request checking, the streaming generator with live stats, the yield throttle.
 - the models come from `gpt_serve.generation.registry.ModelRegistry` (shared with the OpenAI-compatible API).
 - `demo.attention`: per-head attention heat maps of the prompt (numpy colormap).
+- `demo.browser.mount_browser(app, model_dir)`: the in-browser page (`demo/web/`, onnxruntime-web) at /browser/.
 - `demo.cli.main(argv)`: the command line.
 
 Importing the package imports nothing heavy; `demo.app` imports gradio.

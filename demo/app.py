@@ -50,7 +50,8 @@ CSS = "#output textarea, .ladder textarea {font-family: ui-monospace, SFMono-Reg
 INTRO = """# gpt-serve: the "Let's build GPT" model, live
 A character-level GPT trained on Tiny Shakespeare: one token per character. Type a prompt (a speaker's name and a
 colon works well), press **Generate** and watch it write; **Stop** stops the computation. Below: what its
-attention heads look at in your prompt, and the lesson's ladder of models side by side."""
+attention heads look at in your prompt, and the lesson's ladder of models side by side. Or run the int8 model
+[**in your browser**](browser/) (onnxruntime-web: your computer does the work, not this server)."""
 
 
 def build_demo(

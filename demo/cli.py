@@ -6,7 +6,8 @@
     python -m demo --share                          # and a public gradio.live link (opt-in, needs internet)
     python -m demo --mcp                            # also an MCP server: /generate as a tool (the `mcp` extra)
 
-It loads and warms up the default model before serving, so the first visitor gets no loading delay.
+It loads and warms up the default model before serving, so the first visitor gets no loading delay. Beside the
+Gradio page it serves the OpenAI-compatible API (/v1) and the in-browser page of the default model (/browser/).
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpt_serve.generation.registry import ModelRegistry
 
     from .app import CSS, build_demo
+    from .browser import mount_browser
     from .generation import Limits
 
     try:
@@ -213,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if mount_api(app, registry, args.backend, args.max_new_tokens_limit):
         print(f"demo: OpenAI-compatible API at http://{args.host}:{args.port}/v1 (POST /v1/completions, /v1/models)")
+    missing = mount_browser(app, registry.folder(default_model))
+    print(
+        f"demo: in-browser page (onnxruntime-web) at http://{args.host}:{args.port}/browser/"
+        + (f" (not available: {missing})" if missing else "")
+    )
     age = seconds_since_process_start()
     print(
         f"demo: ready in {age:.1f} s (since the process started; Ctrl+C stops it)"

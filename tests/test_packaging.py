@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from demo.browser import PAGE_FILES
+
 ROOT = Path(__file__).resolve().parents[1]
 GENERIC = ("training", "export", "demo")
 
@@ -68,6 +70,8 @@ def test_the_wheel_has_only_gpt_serve_names_at_the_top(wheel):
     assert top == {"gpt_serve", "gpt_serve_training", "gpt_serve_export", "gpt_serve_demo"}
     assert "gpt_serve/models/shakespeare/model.safetensors" in names  # the shipped models travel with it
     assert not [n for n in names if n.startswith("gpt_serve/models/") and n.endswith(".py") and "__init__" not in n]
+    assert {f"gpt_serve_demo/web/{name}" for name in PAGE_FILES} <= set(names)  # the in-browser page's own files
+    assert not [n for n in names if "node_modules" in n or n.endswith("package.json")]
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     with zipfile.ZipFile(wheel) as archive:
         text = archive.read(entry_points).decode()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -30,9 +31,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(blocks, registry=None):
+def serve(blocks, registry=None, browser_model: str = "tiny"):
     """Launches `blocks` on 127.0.0.1 on a free port without blocking, with the OpenAI-compatible API of `registry`
-    mounted as `python -m demo` does; yields its URL; closes it."""
+    and the in-browser page of its model `browser_model` mounted as `python -m demo` does; yields its URL; closes
+    it."""
+    from demo.browser import mount_browser
     from demo.cli import mount_api
 
     app, url, _ = blocks.launch(
@@ -40,6 +43,7 @@ def serve(blocks, registry=None):
     )
     if registry is not None:
         assert mount_api(app, registry, "torch", SERVER_MAX_NEW_TOKENS)
+        mount_browser(app, registry.folder(browser_model))  # its files are checked by tests/demo/test_browser_page.py
     try:
         yield url
     finally:
@@ -63,6 +67,30 @@ def server(registry):
     )
     with serve(blocks, registry) as url:
         yield SimpleNamespace(url=url.rstrip("/"), demo=blocks, activity=activity)
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Debian's headless Chromium driven by Playwright for Python (never `playwright install`)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (never `playwright install`)")
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's Chromium with `apt-get install -y chromium`")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
 
 
 def wait_until(condition, timeout: float, interval: float = 0.02) -> bool:

@@ -3,10 +3,12 @@ bad input, and the CLI."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -177,6 +179,9 @@ def test_cli_starts_quickly_and_serves(models_root, tmp_path):
             prompt="ROMEO:", max_new_tokens=12, api_name="/generate"
         )
         assert len(result) == 12
+        assert f"in-browser page (onnxruntime-web) at http://127.0.0.1:{port}/browser/\n" in text
+        config = urllib.request.urlopen(f"http://127.0.0.1:{port}/browser/model/config.json", timeout=10).read()
+        assert json.loads(config)["block_size"] == 16  # the default model's
     finally:
         process.terminate()
         process.wait(timeout=10)

@@ -1,0 +1,199 @@
+// The page: loads onnxruntime-web and the model, reads the form, streams the tokens into the output with live
+// stats, and stops on Stop. `window.gptServe` runs the same generation for scripts (the browser test drives it):
+//
+//   await gptServe.ready;                                   // the model's facts, once it is loaded
+//   const r = await gptServe.generate({ prompt: "ROMEO:", maxNewTokens: 300, temperature: 0, windowMode: "refill" });
+//   r.ids, r.text, r.tokensPerSecond                        // also: promptIds, topK, topP, seed, refillTokens
+//
+// URL parameters: ?model=URL of a model folder (default: model/, beside the page), ?onnx=model.onnx for the fp32
+// graph instead of the int8 model_quantized.onnx.
+
+import { encodePrompt, generateTokens } from "./engine.js";
+import { FieldError, readForm } from "./form.js";
+import { loadModel, ModelError, ONNX_FILES } from "./model.js";
+import { randomSeed } from "./rng.js";
+
+const ORT_DIR = new URL("ort/", import.meta.url);
+const ORT_MODULE = "ort.wasm.min.mjs"; // onnxruntime-web's WASM-only build; it loads its .wasm from ORT_DIR
+const PAINT_INTERVAL_MS = 50; // the least time between two updates of the output (and yields to the page)
+
+const $ = (id) => document.getElementById(id);
+const query = new URLSearchParams(location.search);
+const modelUrl = query.get("model") ?? "model/";
+const onnxFile = query.get("onnx") ?? ONNX_FILES[0];
+
+let current = null; // the running generation: {stop: boolean}
+
+async function openModel() {
+  let ort;
+  try {
+    ort = await import(new URL(ORT_MODULE, ORT_DIR).href);
+  } catch (e) {
+    throw new ModelError(
+      `onnxruntime-web is missing: ${new URL(ORT_MODULE, ORT_DIR)} did not load (${e.message}). It comes from npm: ` +
+        "run `make install` (or `npm ci` in demo/web) in the repository",
+    );
+  }
+  ort.env.wasm.wasmPaths = ORT_DIR.href;
+  ort.env.wasm.numThreads = 1; // a static server sends no cross-origin isolation headers: one thread, everywhere
+  return loadModel(ort, modelUrl, onnxFile);
+}
+
+/** Lets the page paint and handle clicks (a message task: unlike a timer, not throttled in background tabs). */
+function yieldToPage() {
+  return new Promise((resolve) => {
+    const channel = new MessageChannel();
+    channel.port1.onmessage = () => resolve();
+    channel.port2.postMessage(null);
+  });
+}
+
+/**
+ * Runs one generation; calls onUpdate(progress) at most every PAINT_INTERVAL_MS and once at the end, with
+ * progress = {ids (all new ids so far), tokens, timeToFirstToken (ms), tokensPerSecond, done, stopped}.
+ * tokensPerSecond counts the tokens after the first per second after the first, as the server-side demo does.
+ */
+async function run(model, request, onUpdate = () => {}) {
+  if (current) throw new Error("a generation is already running: stop it first");
+  const { promptIds, maxNewTokens, sampling, windowMode, refillTokens = null } = request;
+  const seed = request.seed ?? randomSeed();
+  current = { stop: false };
+  const ids = [];
+  const start = performance.now();
+  let [first, latest, painted] = [null, start, start];
+  const progress = (done) => ({
+    ids,
+    tokens: ids.length,
+    seed,
+    timeToFirstToken: first === null ? null : first - start,
+    tokensPerSecond: ids.length >= 2 && latest > first ? ((ids.length - 1) * 1000) / (latest - first) : null,
+    done,
+    stopped: current.stop,
+  });
+  try {
+    const tokens = generateTokens(model, promptIds, maxNewTokens, { sampling, seed, windowMode, refillTokens });
+    for await (const token of tokens) {
+      latest = performance.now();
+      first ??= latest;
+      ids.push(token);
+      if (latest - painted >= PAINT_INTERVAL_MS) {
+        onUpdate(progress(false));
+        await yieldToPage();
+        painted = performance.now();
+      }
+      if (current.stop) break; // leaving the loop closes the generator: no further forward runs
+    }
+    const result = progress(true);
+    onUpdate(result);
+    return result;
+  } finally {
+    current = null;
+  }
+}
+
+function formatStats(p, maxNewTokens) {
+  const speed = p.tokensPerSecond === null ? "…" : p.tokensPerSecond.toFixed(0);
+  const ttft = p.timeToFirstToken === null ? "…" : `${p.timeToFirstToken.toFixed(0)} ms`;
+  return `${p.tokens} / ${maxNewTokens} tokens · ${speed} tokens/s · first token ${ttft} · seed ${p.seed}`;
+}
+
+function setStatus(text, kind = "") {
+  $("status").textContent = text;
+  $("status").className = `status ${kind}`;
+}
+
+function formFields() {
+  return {
+    prompt: $("prompt").value,
+    maxNewTokens: $("max-new-tokens").value,
+    temperature: $("temperature").value,
+    topK: $("top-k").value,
+    topP: $("top-p").value,
+    seed: $("seed").value,
+    windowMode: document.querySelector("input[name=window-mode]:checked")?.value,
+  };
+}
+
+async function onGenerate(model) {
+  document.querySelectorAll(".invalid").forEach((el) => el.classList.remove("invalid"));
+  let request;
+  try {
+    request = readForm(formFields());
+    request.promptIds = encodePrompt(model.vocab, request.prompt);
+  } catch (e) {
+    const field = e instanceof FieldError ? e.field : "prompt"; // else: characters outside the vocabulary
+    $(field)?.classList.add("invalid");
+    setStatus(e.message, "error");
+    return;
+  }
+  $("prompt-echo").textContent = request.prompt;
+  $("generated").textContent = "";
+  $("generate-btn").disabled = true;
+  $("stop-btn").disabled = false;
+  setStatus("Generating…");
+  let shown = 0;
+  const update = (p) => {
+    $("generated").append(model.vocab.decode(p.ids.slice(shown))); // a text node per update: no re-layout of all
+    shown = p.ids.length;
+    $("stats").textContent = formatStats(p, request.maxNewTokens);
+  };
+  try {
+    const result = await run(model, request, update);
+    setStatus(result.stopped ? "Stopped." : "Done.", "done");
+  } catch (e) {
+    setStatus(e.message, "error");
+  } finally {
+    $("generate-btn").disabled = false;
+    $("stop-btn").disabled = true;
+  }
+}
+
+/** What window.gptServe.generate does: the options of the form, as values; returns the result with the text. */
+async function generateForScript(model, options) {
+  const {
+    prompt = null, promptIds = null, maxNewTokens = 300, temperature = 1.0, topK = null, topP = 1.0,
+    repetitionPenalty = 1.0, seed = null, windowMode = "exact", refillTokens = null,
+  } = options;
+  const ids = promptIds ?? encodePrompt(model.vocab, prompt ?? "");
+  const sampling = { temperature, topK, topP, repetitionPenalty };
+  const result = await run(model, { promptIds: ids, maxNewTokens, sampling, seed, windowMode, refillTokens });
+  return { ...result, ids: [...result.ids], text: model.vocab.decode(result.ids) };
+}
+
+function describe(model, seconds) {
+  const kind = onnxFile === ONNX_FILES[0] ? "int8" : "fp32";
+  return (
+    `Model ready (${kind} ONNX from ${model.base}, loaded in ${seconds.toFixed(1)} s): block_size ` +
+    `${model.blockSize}, ${model.vocabSize} characters, ${model.nLayer} layers × ${model.nHead} heads; ` +
+    "onnxruntime-web, WebAssembly, 1 thread."
+  );
+}
+
+function main() {
+  const started = performance.now();
+  const ready = openModel();
+  window.gptServe = {
+    ready: ready.then((m) => ({ blockSize: m.blockSize, vocabSize: m.vocabSize, base: m.base, file: onnxFile })),
+    generate: async (options = {}) => generateForScript(await ready, options),
+    stop: () => current && (current.stop = true),
+  };
+  window.gptServe.ready.catch(() => {}); // the status line shows the error; a script awaiting `ready` gets it too
+  $("stop-btn").addEventListener("click", () => window.gptServe.stop());
+  ready.then(
+    (model) => {
+      $("model-status").textContent = describe(model, (performance.now() - started) / 1000);
+      $("model-status").className = "status done";
+      $("form").addEventListener("submit", (event) => {
+        event.preventDefault();
+        if (!current) onGenerate(model); // a second click while a run is on does nothing
+      });
+      $("generate-btn").disabled = false;
+    },
+    (e) => {
+      $("model-status").textContent = `The model could not be loaded: ${e.message}`;
+      $("model-status").className = "status error";
+    },
+  );
+}
+
+main();

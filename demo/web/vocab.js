@@ -1,0 +1,79 @@
+// The character vocabulary of a model folder's vocab.json ({character: id}), as gpt_serve/vocab.py reads it:
+// id = rank, one character per token. Unknown characters are an error that names them (the Python "error" policy).
+
+export class UnknownCharactersError extends Error {
+  constructor(unknown) {
+    const shown = unknown.slice(0, 10).map(([i, c]) => `${pyRepr(c)} (position ${i})`).join(", ");
+    const more = unknown.length > 10 ? ` and ${unknown.length - 10} more` : "";
+    super(
+      `the prompt has ${unknown.length} character(s) outside this model's vocabulary: ${shown}${more}. ` +
+        "Remove them or replace them with characters the model knows.",
+    );
+    this.name = "UnknownCharactersError";
+    this.unknown = unknown;
+  }
+}
+
+export class CharVocab {
+  /** @param {string[]} chars the vocabulary in id order, each one distinct character */
+  constructor(chars) {
+    if (!chars.length) throw new Error("a character vocabulary needs at least one character, got none");
+    // Array.from splits by code point, so a character outside the BMP counts as one (as in Python)
+    const bad = chars.filter((c) => typeof c !== "string" || Array.from(c).length !== 1);
+    if (bad.length) {
+      throw new Error(`every vocabulary entry must be a single character, got ${JSON.stringify(bad.slice(0, 5))}`);
+    }
+    this.chars = chars;
+    this.stoi = new Map(chars.map((c, i) => [c, i]));
+    if (this.stoi.size !== chars.length) throw new Error("the vocabulary has duplicate characters");
+  }
+
+  /** A vocab.json's parsed content; `where` names the file in messages. */
+  static fromJSON(mapping, where = "vocab.json") {
+    const ids = mapping && typeof mapping === "object" && !Array.isArray(mapping) ? Object.values(mapping) : null;
+    const sorted = ids && [...ids].sort((a, b) => a - b);
+    if (!sorted || !sorted.every((id, i) => id === i)) {
+      throw new Error(`${where} must map each character to a distinct id 0..n-1`);
+    }
+    return new CharVocab(Object.keys(mapping).sort((a, b) => mapping[a] - mapping[b]));
+  }
+
+  get size() {
+    return this.chars.length;
+  }
+
+  /** [position, character] of every character of `text` outside the vocabulary (positions in code points). */
+  unknown(text) {
+    return Array.from(text).flatMap((c, i) => (this.stoi.has(c) ? [] : [[i, c]]));
+  }
+
+  encode(text) {
+    const unknown = this.unknown(text);
+    if (unknown.length) throw new UnknownCharactersError(unknown);
+    return Array.from(text, (c) => this.stoi.get(c));
+  }
+
+  decode(ids) {
+    const out = ids.map((id) => this.chars[id]);
+    const bad = ids.filter((id, i) => out[i] === undefined);
+    if (bad.length) throw new Error(`token ids ${bad.slice(0, 10)} are outside the vocabulary [0, ${this.size - 1}]`);
+    return out.join("");
+  }
+
+  /** sha256 (hex) of the id -> character mapping, as CharVocab.sha256 computes it; null where the page is not
+   * a secure context (crypto.subtle exists only on https:// and localhost). */
+  async sha256() {
+    if (!globalThis.crypto?.subtle) return null;
+    const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(this.chars.join("")));
+    return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+}
+
+/** Python's repr of a one-character string, so messages read like the Python side's ('é', '\n'). */
+export function pyRepr(c) {
+  const escapes = { "\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'" };
+  if (c in escapes) return c === "'" ? `"'"` : `'${escapes[c]}'`;
+  const code = c.codePointAt(0);
+  if (code < 0x20 || code === 0x7f) return `'\\x${code.toString(16).padStart(2, "0")}'`;
+  return `'${c}'`;
+}
