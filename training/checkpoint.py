@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .outputs import explain_write_error
+
 CHECKPOINT_NAME = "checkpoint.pt"
 BEST_NAME = "best.pt"
 FORMAT_VERSION = 2
@@ -36,9 +38,11 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, (OSError, RuntimeError)):  # torch reports a full disk as a RuntimeError
+            raise explain_write_error(e, path) from None
         raise
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 from dataclasses import dataclass
@@ -15,8 +16,10 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from gpt_serve.corpus import TINY_SHAKESPEARE_SHA256
 
 from .config import ARCH_KEYS, OPTIMIZATION_KEYS
+from .outputs import explain_write_error
 
 METRICS_NAME = "metrics.jsonl"
+logger = logging.getLogger(__name__)
 
 
 def progress_bar(initial: int, total: int, disable: bool = False):
@@ -30,10 +33,28 @@ def progress_bar(initial: int, total: int, disable: bool = False):
 
 
 def read_metrics(out: str | os.PathLike) -> list[dict]:
+    """The records of `out/metrics.jsonl`. A torn last line (a kill or a full disk in the middle of writing it) is
+    dropped with a warning; a bad line before it is a ValueError naming the file and the line."""
     path = Path(out) / METRICS_NAME
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
+    records = []
+    for i, (n, line) in enumerate(lines):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or "step" not in record:
+                raise ValueError("not a metrics record")
+        except ValueError as e:
+            if i == len(lines) - 1:
+                logger.warning("%s: dropping its torn last line %d (%s)", path, n, str(e)[:80])
+                break
+            raise ValueError(
+                f"{path} line {n} is not a metrics record ({e}); the lines after it are intact, so it was edited "
+                f"or damaged: fix or delete that line"
+            ) from None
+        records.append(record)
+    return records
 
 
 def write_metrics(out: str | os.PathLike, records: list[dict]) -> None:
@@ -45,8 +66,12 @@ def write_metrics(out: str | os.PathLike, records: list[dict]) -> None:
 
 
 def append_metric(out: str | os.PathLike, record: dict) -> None:
-    with open(Path(out) / METRICS_NAME, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+    path = Path(out) / METRICS_NAME
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError as e:  # a torn line is dropped when the run resumes (`read_metrics`)
+        raise explain_write_error(e, path) from None
 
 
 # -- plots ---------------------------------------------------------------------------------------------------
@@ -65,8 +90,12 @@ def _save(fig, path: str | os.PathLike) -> None:
     """Saves a figure under a temporary name, then renames it, so a reader never sees half a PNG."""
     path = Path(path)
     tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp)
-    _pyplot().close(fig)
+    try:
+        fig.savefig(tmp)
+    except (OSError, RuntimeError) as e:
+        raise explain_write_error(e, tmp) from None
+    finally:
+        _pyplot().close(fig)
     os.replace(tmp, path)
 
 
@@ -212,7 +241,7 @@ def card_data(name: str, val: float, train: float, corpus: Corpus) -> ModelCardD
     )
 
 
-def write_model_card(trainer, result: dict) -> None:
+def write_model_card(trainer, result: dict, folder: str | os.PathLike | None = None) -> None:
     """README.md with Hugging Face YAML front matter (`card_data`): losses, command, hardware, wall time, a sample."""
     cfg, mc = trainer.cfg, trainer.model_config
     name = Path(cfg.out_dir).resolve().name
@@ -275,4 +304,4 @@ print(tokenizer.decode(model.generate(ids, max_new_tokens=200, do_sample=True)[0
 ![loss curve](loss.png)
 """
     card = ModelCard(f"---\n{card_data(name, val, train, trainer.corpus).to_yaml()}\n---\n{body}")
-    card.save(Path(cfg.out_dir) / "README.md")
+    card.save(Path(folder if folder is not None else cfg.out_dir) / "README.md")

@@ -26,6 +26,7 @@ from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkp
 from .config import ARCH_KEYS, MODEL_KEYS, OPTIMIZATION_KEYS, SCHEDULES, TrainConfig, make_scheduler  # noqa: F401
 from .data import CharDataset
 from .kernels import use_cpu_training_kernels
+from .outputs import publish_folder, remove_stale_temp_files
 from .report import Corpus, append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
 from .runtime import setup_runtime
 from .tracking import Trackers, parse_report_to
@@ -229,6 +230,8 @@ class Trainer:
             self.rt.close()
 
     def _start(self) -> None:
+        if self.rt.is_main and self.out.is_dir():
+            remove_stale_temp_files(self.out)
         if self.cfg.resume:
             self.resume()
             self._start_trackers(resume_step=self.step)
@@ -333,9 +336,13 @@ class Trainer:
         }
         if self.rt.is_main:
             self.model.eval()
-            self.model.save_pretrained(self.out)
-            self.tokenizer.save_pretrained(self.out)
-            write_model_card(self, result)
+
+            def write(folder: Path) -> None:
+                self.model.save_pretrained(folder)
+                self.tokenizer.save_pretrained(folder)
+                write_model_card(self, result, folder)
+
+            publish_folder(self.out, write)  # a complete folder, or the previous one
             logger.info("saved the model to %s (val loss %.4f, step %s)", self.out, result["val_loss"], result["step"])
         self.rt.barrier()
         return result
