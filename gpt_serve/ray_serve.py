@@ -139,7 +139,7 @@ def serving(
         serve.start(http_options={"host": host, "port": port})
         logging_config = {"log_level": log_level.upper()}
         serve.run(application(options), name=APP_NAME, route_prefix="/", logging_config=logging_config)
-        yield f"http://{host}:{port}"
+        yield _root_url(serve, f"http://{host}:{port}")
     finally:
         if local:
             serve.shutdown()
@@ -148,11 +148,20 @@ def serving(
         ray.shutdown()
 
 
+def _root_url(serve, asked: str) -> str:
+    """Where Serve's proxy listens: a cluster already running Serve keeps its own HTTP options (Ray then logs a
+    warning and "Application ... is ready at" the real address, which its client knows; not a public API)."""
+    try:
+        return serve.context._get_global_client().root_url.rstrip("/")
+    except AttributeError:
+        return asked
+
+
 def _check_cpus(available: float, options: RayServeOptions) -> None:
     needed = options.replicas * options.replica_cpus
     if needed > available:
         raise ValueError(
-            f"{options.replicas} replicas of {options.replica_cpus:g} CPUs need {needed:g} CPUs but the local Ray "
-            f"instance has {available:g}: lower --replicas or --replica-cpus (a fraction such as 0.5 is allowed), "
+            f"{options.replicas} replicas at {options.replica_cpus:g} CPU each need {needed:g} CPUs but the local "
+            f"Ray instance has {available:g}: lower --replicas or --replica-cpus (a fraction such as 0.5 is allowed), "
             "or join a larger cluster with --ray-address"
         )
