@@ -13,6 +13,9 @@ request runs through the model's `Scheduler` (`ModelRegistry.scheduler`); a clie
 
     app = create_app(ModelRegistry.discover())          # `gpt-serve serve` runs this with uvicorn
     demo_app.include_router(create_router(registry))    # or beside the Gradio demo, in the same process
+
+Behind a load balancer of several replicas (`gpt_serve.ray_serve`), each answer names its replica in an
+`x-gpt-serve-replica` header (`create_app(..., replica_id=...)`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from .generation.scheduler import Request as Job
 from .generation.scheduler import ServerBusy, Stream
 
 MAX_STOP_SEQUENCES = 4
+REPLICA_HEADER = "x-gpt-serve-replica"
 # OpenAI parameters this server does not implement: accepted only at the value that means "off".
 UNSUPPORTED = {
     "logprobs": (None,),
@@ -342,8 +346,29 @@ class _Metrics:
         return self._generate(self.registry)
 
 
-def create_app(registry: ModelRegistry, **router_options) -> FastAPI:
-    """A FastAPI app serving only the API (`gpt-serve serve`); its shutdown stops the registry's decode loops."""
+class _ReplicaHeader:
+    """ASGI middleware: every HTTP answer names the replica that made it (`REPLICA_HEADER`)."""
+
+    def __init__(self, app, replica_id: str):
+        self.app, self.header = app, (REPLICA_HEADER.encode(), replica_id.encode())
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_header(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
+
+
+def create_app(registry: ModelRegistry, replica_id: str | None = None, **router_options) -> FastAPI:
+    """A FastAPI app serving only the API (`gpt-serve serve`); its shutdown stops the registry's decode loops.
+
+    `replica_id` (set by `gpt_serve.ray_serve` for each replica) is sent back in an `x-gpt-serve-replica` header
+    on every answer; without it the answers carry no such header."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -352,4 +377,6 @@ def create_app(registry: ModelRegistry, **router_options) -> FastAPI:
 
     app = FastAPI(title="gpt-serve", description="OpenAI-compatible completions API of gpt-serve", lifespan=lifespan)
     app.include_router(create_router(registry, **router_options))
+    if replica_id is not None:
+        app.add_middleware(_ReplicaHeader, replica_id=replica_id)
     return app

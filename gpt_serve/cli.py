@@ -3,6 +3,7 @@
     gpt-serve generate [MODEL] --prompt "ROMEO:" --max-new-tokens 300 [--backend torch|onnx|onnx-int8]
     gpt-serve models                  # the shipped models
     gpt-serve serve --port 8000       # the OpenAI-compatible API (POST /v1/completions), no web page
+    gpt-serve serve --ray --replicas 2 --threads 1   # the same API, as Ray Serve replicas (the `ray` extra)
     gpt-serve train ...               # the training pipeline (python -m training from a clone)
     gpt-serve ladder ...              # the lesson's loss ladder (python -m training.ladder)
     gpt-serve export MODEL ...        # ONNX export (python -m export)
@@ -16,8 +17,10 @@ the one asked for is loaded, so `generate --backend onnx` never imports torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
+import signal
 import sys
 import time
 from importlib.metadata import EntryPoint, entry_points
@@ -82,6 +85,14 @@ def check_port_free(host: str, port: int, hint: str) -> None:
         raise OSError(f"cannot serve on {host}:{port} ({e.strerror or e}): {hint}") from None
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
 def app_commands() -> dict[str, EntryPoint]:
     """The applications' subcommands installed with this package: name -> entry point (not loaded)."""
     return {ep.name: ep for ep in entry_points(group=COMMANDS_GROUP)}
@@ -137,6 +148,12 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.ray:
+        return _serve_ray(args)
+    ray_only = {"--replicas": args.replicas, "--replica-cpus": args.replica_cpus, "--ray-address": args.ray_address}
+    given = [flag for flag, value in ray_only.items() if value is not None]
+    if given:
+        raise ValueError(f"only with --ray: {', '.join(given)}")
     try:
         import uvicorn
 
@@ -157,6 +174,44 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"gpt-serve serve: models {registry.available} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+def _serve_ray(args: argparse.Namespace) -> int:
+    from .models import MODELS_DIR
+
+    try:
+        from .ray_serve import RayServeOptions, require_ray, serving
+
+        require_ray()
+    except ImportError as e:
+        print(f"gpt-serve serve --ray: cannot import {e.name or e}; pip install 'gpt-serve[ray]'", file=sys.stderr)
+        return 2
+    options = RayServeOptions(
+        replicas=args.replicas or 1,
+        replica_cpus=args.replica_cpus or 1.0,
+        threads=args.threads,
+        models_root=None if args.models_root == str(MODELS_DIR) else args.models_root,  # None: each replica's own
+        model_dirs=tuple(args.model_dir),
+        backend=args.backend,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        max_tokens_limit=args.max_tokens_limit,
+    )
+    if args.ray_address is None:  # a new local instance: its proxy binds the port
+        check_port_free(args.host, args.port, "another server holds the port? choose another with --port N")
+    models = options.registry().available  # checked here, before Ray starts; each replica finds its own
+    with serving(options, args.host, args.port, args.ray_address, args.log_level) as url:
+        replicas = f"{options.replicas} Ray Serve replica{'s' if options.replicas > 1 else ''}"
+        print(f"gpt-serve serve: models {models} on {url}/v1, {replicas}; Ctrl-C stops", file=sys.stderr)
+        signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop: the same clean exit as Ctrl-C
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
+    return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -223,12 +278,20 @@ def _serve_parser(sub) -> None:
     s.add_argument("--models-root", default=str(MODELS_DIR), help="folder whose sub-folders are the models")
     s.add_argument("--model-dir", action="append", default=[], metavar="[NAME=]PATH", help="add a model folder")
     s.add_argument("--backend", choices=list(BACKENDS), default="torch", help="when a request names none")
-    s.add_argument("--threads", type=thread_count, default=None, help="threads per forward pass (none: all CPUs)")
+    threads = "threads per forward pass (none: all CPUs; with --ray: the replica's CPUs)"
+    s.add_argument("--threads", type=thread_count, default=None, help=threads)
     s.add_argument("--max-batch", type=positive_int, default=16, help="requests decoded at once, per model")
     s.add_argument("--max-queue", type=positive_int, default=256, help="requests waiting; past it: 429")
     s.add_argument("--max-tokens-limit", type=positive_int, default=2000, help="the largest max_tokens accepted")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="uvicorn's")
     s.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
+    r = s.add_argument_group("Ray Serve (pip install 'gpt-serve[ray]')")
+    r.add_argument("--ray", action="store_true", help="serve through Ray Serve replicas behind Ray's HTTP proxy")
+    r.add_argument("--replicas", type=positive_int, default=None, help="replicas, each with its own models (none: 1)")
+    r.add_argument("--replica-cpus", type=positive_float, default=None, help="CPUs Ray reserves per replica (none: 1)")
+    r.add_argument(
+        "--ray-address", default=None, help="join this Ray cluster ('auto': this machine's; none: a new local one)"
+    )
     s.set_defaults(func=_serve)
 
 
