@@ -20,12 +20,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.registry import ModelRegistry
 
 from .generation import Activity, Limits
 from .handlers import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, FIELDS, DemoHandlers, ladder_label
+from .limits import MAX_BODY_BYTES, BodySizeLimit
 
 DEFAULT_PROMPT = "ROMEO:"
 EXAMPLES = [
@@ -46,6 +48,21 @@ UNK_CHOICES = [
 ]
 # A fresh ticket for each run started from the page; Stop sends the tickets back (see `StopRequests`).
 NEW_TICKET_JS = "() => Math.random().toString(36).slice(2) + Date.now().toString(36)"
+
+
+# What the server accepts and keeps for clients, bounded (every client can reach every event): request bodies up to
+# 256 kB (`demo.limits`); no file input exists, so an upload is refused past a few kB; Gradio keeps about 1 MB per
+# page session (a copy of the page's config), so at most 64 sessions are kept, the oldest evicted first (an evicted
+# page keeps working; its attention view's layer selector forgets the last prompt).
+def launch_limits() -> dict:
+    """`Blocks.launch` arguments (a fresh dict each time: Gradio adds to its `app_kwargs`)."""
+    return dict(
+        max_file_size="16kb",
+        state_session_capacity=64,
+        app_kwargs={"middleware": [Middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)]},
+    )
+
+
 CSS = "#output textarea, .ladder textarea {font-family: ui-monospace, SFMono-Regular, Menlo, monospace;}"
 INTRO = """# gpt-serve: the "Let's build GPT" model, live
 A character-level GPT trained on Tiny Shakespeare: one token per character. Type a prompt (a speaker's name and a
@@ -93,6 +110,7 @@ def build_demo(
         ui = _layout(registry, handlers, limits, default_backend)
         _wire(demo, ui, handlers, concurrency)
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
+    demo.validate_inputs = _validate_inputs  # every event, private ones included: a message, not {"error": null}
     # for tests and benchmarks: the counters, the models, and the event functions callable without a browser
     demo.activity, demo.registry, demo.handlers = handlers.activity, registry, handlers
     return demo
@@ -157,7 +175,7 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
             buttons=["download", "fullscreen"],
         )
         ui.caption = gr.Markdown(elem_id="attention-caption")
-        ui.attention_state = gr.State(None)
+        ui.attention_state = gr.State(None, time_to_live=3600)  # (model, ids): see DemoHandlers.ui_attention
     ui.gen_ticket = gr.Textbox(visible="hidden", elem_id="gen-ticket")
     ui.compare_ticket = gr.Textbox(visible="hidden", elem_id="compare-ticket")
     with gr.Accordion("Compare the ladder: what each lesson component buys", open=False):
@@ -219,6 +237,26 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
         trigger(handlers.ui_model_info, [ui.model, ui.backend], ui.model_info, queue=False, **private)
     api = gr.api(handlers.api_generate(), api_name="generate", **stream_group)
     describe_parameters(demo.fns[api["id"]])
+
+
+def _validate_inputs(block_fn, inputs: list) -> None:
+    """Replaces Gradio's check of an event's input values (its ValueError reaches a client as `{"error": null}`):
+    too few values, or a list or dict (a file-shaped value, say) where every input of this demo takes text or a
+    number, get a `gr.Error` that names the event and what it takes."""
+    fields = [block for block in block_fn.inputs if not block.stateful]
+    names = [getattr(block, "label", None) or type(block).__name__ for block in block_fn.inputs]
+    event = block_fn.api_name or block_fn.name
+    if len(inputs) < len(block_fn.inputs):
+        raise gr.Error(
+            f"{event} takes {len(block_fn.inputs)} values ({', '.join(map(str, names))}), got {len(inputs)}",
+            print_exception=False,
+        )
+    for block, name, value in zip(block_fn.inputs, names, inputs):
+        if block in fields and isinstance(value, (dict, list)):
+            raise gr.Error(
+                f"{event}: {name} takes text or a number, got a {type(value).__name__} (files are not accepted)",
+                print_exception=False,
+            )
 
 
 def describe_parameters(block_fn) -> None:

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     from gpt_serve.generation.registry import ModelRegistry
 
-    from .app import CSS, build_demo
+    from .app import CSS, build_demo, launch_limits
     from .browser import mount_browser
     from .generation import Limits
 
@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             max_threads=max(40, 2 * args.concurrency + 8),
             css=CSS,
             ssr_mode=False,
+            **launch_limits(),
             mcp_server=args.mcp,
         )
     except OSError as e:

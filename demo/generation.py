@@ -17,9 +17,11 @@ its request in `finally:`: its row leaves the batch before the next decode step,
 from __future__ import annotations
 
 import math
+import re
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -183,22 +185,34 @@ class StopRequests:
     stream. (Gradio's `cancels=` also ends the run, but under load the page then often shows its outputs in an
     error state: diffs still in flight arrive after the cancel.) A ticket stopped before its run leaves the queue
     stops that run as soon as it starts. Tickets are forgotten when their run ends or after `max_age` seconds.
+
+    Every client can reach these handlers over HTTP (Gradio serves private events too), so what is kept is bounded:
+    a ticket is at most `TICKET_CHARS` letters, digits, `-` or `_` (anything else is ignored), and at most
+    `max_tickets` stopped tickets and as many page runs are remembered, the oldest dropped first.
     """
 
-    def __init__(self, max_age: float = 3600.0):
-        self._lock = threading.Lock()
-        self._stopped: dict[str, float] = {}
-        self._current: dict[object, str] = {}  # (page session, kind of run) -> the ticket of its latest run
-        self.max_age = max_age
+    TICKET_CHARS = 64
 
-    def supersede(self, key: object, ticket: str | None) -> None:
+    def __init__(self, max_age: float = 3600.0, max_tickets: int = 4096):
+        self._lock = threading.Lock()
+        self._stopped: OrderedDict[str, float] = OrderedDict()
+        self._current: OrderedDict[object, str] = OrderedDict()  # (page session, kind of run) -> its latest ticket
+        self.max_age, self.max_tickets = max_age, max_tickets
+
+    @classmethod
+    def valid(cls, ticket: object) -> bool:
+        return isinstance(ticket, str) and 0 < len(ticket) <= cls.TICKET_CHARS and _TICKET.fullmatch(ticket) is not None
+
+    def supersede(self, key: tuple[str, str], ticket: str | None) -> None:
         """`ticket` is now the run of `key` (a page session and a kind of run): the run it replaces is stopped, so
         a second click of Generate restarts the stream instead of running two into the same box."""
-        if not ticket:
+        if not self.valid(ticket) or not (isinstance(key, tuple) and all(self.valid(part) for part in key)):
             return
         with self._lock:
-            previous = self._current.get(key)
+            previous = self._current.pop(key, None)
             self._current[key] = ticket
+            while len(self._current) > self.max_tickets:
+                self._current.popitem(last=False)
         if previous and previous != ticket:
             self.stop(previous)
 
@@ -206,26 +220,38 @@ class StopRequests:
         now = time.monotonic()
         with self._lock:
             for ticket in tickets:
-                if isinstance(ticket, str) and ticket:
+                if self.valid(ticket):
+                    self._stopped.pop(ticket, None)
                     self._stopped[ticket] = now
-            for ticket, at in list(self._stopped.items()):
-                if now - at > self.max_age:
-                    del self._stopped[ticket]
+            while self._stopped and (
+                len(self._stopped) > self.max_tickets or now - next(iter(self._stopped.values())) > self.max_age
+            ):
+                self._stopped.popitem(last=False)
 
     def stop_page(self, session: object) -> None:
         """Stops the runs that `supersede` registered for a page session (whatever ticket the page holds now)."""
         with self._lock:
-            tickets = [t for key, t in self._current.items() if isinstance(key, tuple) and key[0] == session]
+            tickets = [t for key, t in self._current.items() if key[0] == session]
         self.stop(*tickets)
 
     def is_stopped(self, ticket: str | None) -> bool:
-        return bool(ticket) and ticket in self._stopped
+        return self.valid(ticket) and ticket in self._stopped
 
     def forget(self, ticket: str | None) -> None:
+        if not self.valid(ticket):
+            return
         with self._lock:
             self._stopped.pop(ticket, None)
             for key in [k for k, t in self._current.items() if t == ticket]:
                 del self._current[key]
+
+    def __len__(self) -> int:
+        """How many tickets and page runs are remembered (tests check that it stays bounded)."""
+        with self._lock:
+            return len(self._stopped) + len(self._current)
+
+
+_TICKET = re.compile(r"[0-9A-Za-z_-]+")
 
 
 def encode_prompt(vocab, prompt: str, unk_policy: str) -> list[int]:

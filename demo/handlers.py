@@ -203,15 +203,25 @@ class DemoHandlers:
             self.stops.forget(ticket)
 
     def ui_attention(self, prompt, model, unk_policy, layer):
-        """After a run: (heat maps of `layer`, all weights for the layer selector, layer choices, caption)."""
+        """After a run: (heat maps of `layer`, the view's state for the layer selector, layer choices, caption).
+
+        The state is what the view was computed from (the model and the last `block_size` ids), not the weights:
+        the layer selector recomputes them, so a page session keeps a few hundred bytes on the server."""
         if not isinstance(prompt, str) or not prompt:
             return None, None, gr.skip(), ""
+        if len(prompt) > self.limits.max_prompt_chars:
+            return (
+                None,
+                None,
+                gr.skip(),
+                f"No attention view: the prompt is over {self.limits.max_prompt_chars:,} characters",
+            )
         try:
             name = self.registry.resolve_model(model)
             loaded = self.registry.backend(name, "torch")
             ids = encode_prompt(loaded.vocab, prompt, unk_policy if unk_policy in ("replace", "drop") else "error")
-            # on the decode loop's thread, which runs the model (see `Scheduler.call`)
-            weights = self.registry.scheduler(name, "torch").call(prompt_attention, loaded.backend.pretrained, ids)
+            state = (name, tuple(ids[-loaded.block_size :]))
+            weights = self._attention(state)
         except RequestError as e:
             return None, None, gr.skip(), f"No attention view: {e}"
         except ImportError as e:  # an ONNX-only install: the view needs the PyTorch model
@@ -219,13 +229,26 @@ class DemoHandlers:
         n_layer = len(weights)
         layer = layer if isinstance(layer, int) and 0 <= layer < n_layer else 0
         layers = gr.Radio(choices=[(f"layer {i}", i) for i in range(n_layer)], value=layer)
-        return render_heads(weights[layer]), weights, layers, attention_caption(weights, layer)
+        return render_heads(weights[layer]), state, layers, attention_caption(weights, layer)
 
-    def ui_layer(self, weights, layer):
-        """The layer selector: (heat maps, caption) from the weights kept after the run."""
-        if weights is None or not isinstance(layer, int) or not 0 <= layer < len(weights):
+    def ui_layer(self, state, layer):
+        """The layer selector: (heat maps, caption) of another layer of the view `ui_attention` computed."""
+        if not (isinstance(state, tuple) and len(state) == 2) or isinstance(layer, bool) or not isinstance(layer, int):
+            return gr.skip(), gr.skip()
+        try:
+            weights = self._attention(state)
+        except (RequestError, ImportError):
+            return gr.skip(), gr.skip()
+        if not 0 <= layer < len(weights):
             return gr.skip(), gr.skip()
         return render_heads(weights[layer]), attention_caption(weights, layer)
+
+    def _attention(self, state: tuple[str, tuple[int, ...]]):
+        """The attention weights of `state` = (model, ids), computed on the model's decode-loop thread (the one
+        that runs it, see `Scheduler.call`)."""
+        name, ids = state
+        model = self.registry.backend(name, "torch").backend.pretrained
+        return self.registry.scheduler(name, "torch").call(prompt_attention, model, list(ids))
 
     def ui_model_info(self, model, backend):
         """One line about the selected model, and whether the selected backend can serve it."""
