@@ -8,12 +8,16 @@ argument, e.g. `--model.n_layer 8`. Under `torchrun` the same command trains wit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
+
+import torch.distributed as dist
 
 from .presets import PRESETS, get_preset
 from .trainer import TrainConfig, Trainer
@@ -108,7 +112,7 @@ def invocation(argv: list[str], module: str = "training", subcommand: str = "tra
     """The command line that is running, for the model card (`torchrun` included when it launched us)."""
     prog = program_name(module, subcommand)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
+    if world > 1 or dist.is_torchelastic_launched():
         local = os.environ.get("LOCAL_WORLD_SIZE", str(world))
         nodes = world // max(1, int(local))
         prog = prog.replace("python -m ", "-m ")
@@ -120,6 +124,22 @@ def setup_logging() -> None:
     """INFO on rank 0, warnings only on the other ranks of a torchrun job."""
     level = logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING
     logging.basicConfig(level=level, format="%(message)s")
+
+
+def report_error(message: str) -> int:
+    """Prints `error: MESSAGE` (once per torchrun job: rank 0) and returns the exit status 2.
+
+    Under torchrun it also writes the message into this worker's error file, so that torchrun's failure summary
+    (which it prints after the worker exits) names it rather than a link to its documentation.
+    """
+    if os.environ.get("RANK", "0") == "0":
+        print(f"error: {message}", file=sys.stderr)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:  # the layout of torch.distributed.elastic's ErrorHandler.record_exception, minus the traceback
+        data = {"message": {"message": f"error: {message}", "extraInfo": {"timestamp": str(int(time.time()))}}}
+        with contextlib.suppress(OSError):
+            Path(error_file).write_text(json.dumps(data), encoding="utf-8")
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         with logging_redirect_tqdm():
             result = Trainer(cfg, command=invocation(argv)).fit()
     except (ValueError, TypeError, OSError) as e:  # CheckpointError is a ValueError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_error(str(e))
     except KeyboardInterrupt:
         print("interrupted; continue with --resume", file=sys.stderr)
         return 130

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 from gpt_serve import CharGPTConfig
 from gpt_serve.generation.threads import available_cpus
 
+from .runtime import PRECISIONS
+
 # The model config entries a checkpoint must share with the run resuming it (the architecture).
 ARCH_KEYS = (
     "vocab_size",
@@ -84,6 +86,9 @@ class TrainConfig:
     seed: int = _opt(1337, "seed of the initial weights, dropout and batch sampling")
     device: str = _opt("auto", "'auto' (CUDA if available), 'cpu', 'cuda' or 'cuda:N'")
     compile: bool | None = _opt(None, "torch.compile the model (default: on for CUDA, off for CPU)")
+    precision: str = _opt(
+        "auto", "'auto' (bf16 autocast + TF32 on CUDA, fp32 on CPU), 'bf16' (autocast) or 'fp32' (no TF32)"
+    )
     threads: int = _opt(0, "CPU threads per process (default 0: PyTorch's choice)")
     resume: bool = _opt(False, "continue the run checkpointed in --out-dir exactly")
     sample_tokens: int = _opt(300, "length of the sample written into the model card")
@@ -117,6 +122,8 @@ class TrainConfig:
             )
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.patience and not self.keep_best:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from gpt_serve.corpus import load_text
 
-from .cli import invocation, program_name, setup_logging
+from .cli import invocation, program_name, report_error, setup_logging
 from .data import CharDataset
 from .presets import LADDER_STAGES, LADDER_TOLERANCE, PRESETS
 from .report import read_metrics, save_val_curves
@@ -240,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.table:
             write_report(rows, Path(args.table), command, Path(args.plot) if args.plot else None)
     except (ValueError, TypeError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_error(str(e))
     except KeyboardInterrupt:
         print("interrupted; run the same command again to resume", file=sys.stderr)
         return 130

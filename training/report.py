@@ -17,6 +17,7 @@ from gpt_serve.corpus import TINY_SHAKESPEARE_SHA256
 
 from .config import ARCH_KEYS, OPTIMIZATION_KEYS
 from .outputs import explain_write_error
+from .runtime import Runtime
 
 METRICS_NAME = "metrics.jsonl"
 logger = logging.getLogger(__name__)
@@ -156,13 +157,13 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def hardware(device: torch.device | None = None, world_size: int = 1) -> str:
+def hardware(rt: Runtime) -> str:
     """A one-line description of what trained the model."""
-    if device is not None and device.type == "cuda":
-        what = f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}, bf16 autocast)"
+    if rt.device.type == "cuda":
+        what = f"{torch.cuda.get_device_name(rt.device)} (CUDA {torch.version.cuda}, {rt.precision})"
     else:
-        what = f"{cpu_name()} CPU ({os.cpu_count()} cores), PyTorch threads: {torch.get_num_threads()}, fp32"
-    procs = f"{world_size} DDP processes x " if world_size > 1 else ""
+        what = f"{cpu_name()} CPU ({os.cpu_count()} cores), PyTorch threads: {torch.get_num_threads()}, {rt.precision}"
+    procs = f"{rt.world_size} DDP process{'es' if rt.world_size > 1 else ''} x " if rt.ddp else ""
     return f"{procs}{what}; torch {torch.__version__}"
 
 
@@ -269,7 +270,7 @@ A character-level GPT from the "Let's build GPT" lesson, trained with gpt-serve 
 | train loss | {train:.4f} |
 | steps | {steps} |
 | wall time | {wall} |
-| hardware | {hardware(trainer.rt.device, trainer.rt.world_size)} |
+| hardware | {hardware(trainer.rt)} |
 
 Command:
 

@@ -1,7 +1,8 @@
 """The training loop: AdamW, LR schedule, clipping, accumulation, evaluation, checkpoints, DDP.
 
-GPU-first (bf16 autocast, TF32, fused AdamW, torch.compile on CUDA) and plain fp32 on CPU. Under `torchrun` it
-runs DDP (NCCL on CUDA, gloo on CPU); only rank 0 logs, plots and saves.
+GPU-first (bf16 autocast, TF32, fused AdamW, torch.compile on CUDA) and plain fp32 on CPU (`precision` and
+`compile` choose otherwise). Under `torchrun` it runs DDP (NCCL on CUDA, gloo on CPU); only rank 0 logs, plots and
+saves.
 
 Exact resume: the model's dropout draws from the global torch RNG, batches from `batch_gen`, and evaluation from
 a generator seeded by the step, so saving the model, optimizer, scheduler, step, both RNG states and the
@@ -46,7 +47,7 @@ class Trainer:
         self.report_to = parse_report_to(cfg.report_to)  # before any work: a missing package is named now
         self.trackers: Trackers | None = None
         self.command = command
-        self.rt = setup_runtime(cfg.device, cfg.threads)
+        self.rt = setup_runtime(cfg.device, cfg.threads, cfg.precision)
         self.out = Path(cfg.out_dir)
         text = text if text is not None else load_text(cfg.data)
         self.corpus = Corpus.of(text, cfg.data)
@@ -58,8 +59,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = CharGPTForCausalLM(self.model_config).to(self.rt.device)
         self.compiled = cfg.compile if cfg.compile is not None else self.rt.device.type == "cuda"
-        if self.rt.device.type == "cpu" and not self.compiled:
-            use_cpu_training_kernels(self.model)  # eager CPU training: the cheaper dropout paths (see `kernels`)
+        if self.rt.device.type == "cpu" and not self.compiled and self.rt.autocast_dtype is None:
+            use_cpu_training_kernels(self.model)  # eager fp32 CPU training: the cheaper dropout paths (see `kernels`)
         if self.rt.ddp:
             torch.manual_seed(cfg.seed + 1 + self.rt.rank)  # but each rank its own dropout masks
         # Dropout draws from the global RNG: `fit` starts from this state, whatever ran in between.
@@ -79,6 +80,14 @@ class Trainer:
             ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.forward_model = torch.compile(self.ddp_model) if self.compiled else self.ddp_model
+        logger.info("training on %s", self.describe_setup())
+
+    def describe_setup(self) -> str:
+        """Device, precision, DDP, optimizer and compilation in one line (logged at the start of a run)."""
+        fused = self.optimizer.defaults.get("fused")
+        return ", ".join(
+            [self.rt.describe(), "fused AdamW" if fused else "AdamW", "torch.compile" if self.compiled else "eager"]
+        )
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         # Weight decay on matrices (Linear weights and embeddings), not on biases or LayerNorm gains.
@@ -175,7 +184,7 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------------------------
 
     def loss_on(self, x: torch.Tensor, y: torch.Tensor, model=None) -> torch.Tensor:
-        """Mean cross-entropy of predicting `y` from `x`, both (B, T), in fp32 (bf16 autocast inside on CUDA)."""
+        """Mean cross-entropy of predicting `y` from `x`, both (B, T), in fp32 (the forward under the autocast)."""
         model = model if model is not None else self.forward_model
         with self.rt.autocast():
             logits = model(input_ids=x, use_cache=False).logits  # (B, T, vocab)
@@ -266,6 +275,9 @@ class Trainer:
         while self.step < cfg.max_iters and not self.stopped_early:
             loss = self.train_step()
             self.step += 1
+            evaluate = self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters
+            if evaluate:
+                self.rt.synchronize()  # CUDA runs ahead of Python: the steps still queued count as training time
             now = time.perf_counter()
             self.train_time += now - t_last
             self.wall_time += now - t_last
@@ -275,7 +287,7 @@ class Trainer:
                 tok_s = (self.step - shown_step) * self.tokens_per_step / max(self.train_time - shown_time, 1e-9)
                 bar.set_postfix(loss=f"{float(loss):.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
                 shown_step, shown_time = self.step, self.train_time
-            if self.step % cfg.eval_interval == 0 or self.step == cfg.max_iters:
+            if evaluate:
                 self.stopped_early = self._evaluate()
             if self.step % ckpt_every == 0 or self.step == cfg.max_iters or self.stopped_early:
                 self.save_checkpoint()

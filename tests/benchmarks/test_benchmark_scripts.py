@@ -1,10 +1,13 @@
 """The benchmark scripts run end to end on tiny inputs (their numbers are not checked: benchmarks, not tests)."""
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,3 +66,51 @@ def test_serving_benchmark():
         *("--over", "api"),
     )
     assert "| torch | 2 | 2/2 |" in out
+
+
+def test_gpu_check_without_a_gpu_says_so_in_one_line_and_exits_2(tmp_path):
+    """`gpu_check.sh` stops at once where nvidia-smi is missing, `gpu_check.py` where torch sees no CUDA device."""
+    script = ROOT / "benchmarks" / "gpu_check"
+    answers = []
+    if shutil.which("nvidia-smi") is None:
+        answers.append((["bash", f"{script}.sh", str(tmp_path)], "no GPU (nvidia-smi is not on PATH)"))
+    if not torch.cuda.is_available():
+        answers.append(([sys.executable, f"{script}.py", "--out", str(tmp_path)], "torch.cuda.is_available() is False"))
+    if not answers:
+        pytest.skip("this machine has a GPU")
+    for cmd, reason in answers:
+        result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, result.stderr[-2000:]
+        lines = (result.stdout + result.stderr).splitlines()
+        assert len(lines) == 1 and lines[0].startswith("gpu_check: nothing to check on: ") and reason in lines[0]
+    assert not (tmp_path / "gpu_check.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the SKIP of a machine without onnxruntime-gpu")
+def test_gpu_check_skips_onnx_cuda_without_the_cuda_provider():
+    result = json.loads(run_script("gpu_check.py", "--onnx-parity").strip())
+    assert result["status"] == "SKIP" and "pip install onnxruntime-gpu" in result["summary"]
+
+
+@pytest.mark.distributed  # ~20 s: two tiny training runs, one under torchrun
+def test_gpu_check_rehearses_its_checks_on_cpu(tmp_path):
+    """The script's own logic (commands, limits, log parsing, judging, the summary), on CPU: its GPU run is rare."""
+    out = run_script("gpu_check.py", "--rehearse-on-cpu", "--out", str(tmp_path / "out"), "--work", str(tmp_path))
+    lines = out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["PASS train", "PASS ddp", "PASS onnx-cuda"], out
+    assert "cpu, fp32, DDP over gloo, 1 process" in lines[1]
+    summary = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert [c["line"] for c in summary["checks"]] == lines and summary["rehearsal_on_cpu"]
+    assert {"train.log", "ddp.log", "onnx-cuda.log"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    assert (tmp_path / "train" / "model.safetensors").is_file()  # the runs go to --work, not --out
+
+
+def test_gpu_check_onnx_limit_is_the_exports():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from export.validate import FP32_LOGITS_ATOL
+
+    assert gpu_check.ONNX_ATOL == FP32_LOGITS_ATOL

@@ -69,6 +69,31 @@ def test_labels_give_the_mean_shifted_cross_entropy(tiny_model):
     torch.testing.assert_close(out.loss, expected, rtol=1e-6, atol=1e-6)
 
 
+def test_bf16_autocast_forward_and_backward_stay_close_to_fp32(tiny_model):
+    """The training precision on CUDA, run on CPU: bf16 autocast over a left-padded batch, forward and backward."""
+    x = torch.randint(0, 65, (3, 16), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(x)
+    mask[1, :5] = 0
+    mask[2, :15] = 0
+
+    def run(bf16: bool):
+        tiny_model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = tiny_model(x, attention_mask=mask, labels=x, use_cache=False)
+        out.loss.backward()
+        return out.logits, {name: p.grad.clone() for name, p in tiny_model.named_parameters()}
+
+    logits32, grads32 = run(False)
+    logits16, grads16 = run(True)
+    assert logits16.dtype == torch.bfloat16  # autocast did run the matmuls in bf16
+    real = mask.bool()
+    # bf16 keeps 8 bits of mantissa (~0.4% relative); these logits are of order 0.5
+    torch.testing.assert_close(logits16.float()[real], logits32[real], rtol=0, atol=2e-2)
+    for name, grad in grads16.items():
+        assert grad.dtype == torch.float32 and torch.isfinite(grad).all(), name
+        assert float((grad - grads32[name]).norm() / grads32[name].norm()) < 0.1, name
+
+
 def test_attention_weights_are_causal_and_normalised(tiny_model):
     x = torch.randint(0, 65, (2, 10))
     out = tiny_model(x, output_attentions=True, output_hidden_states=True, use_cache=False)

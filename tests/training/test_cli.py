@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from training import cli
 from training.cli import build_parser, config_from_args, invocation, main, split_model_overrides
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(*argv):
@@ -75,6 +80,30 @@ def test_missing_data_file_is_a_clear_cli_error(tmp_path, capsys):
     assert main(["--preset", "tiny", "--data", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "data file not found" in err and "missing.txt" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_cuda_without_cuda_is_a_one_line_cli_error(tmp_path, make_args, capsys, device):
+    assert main(make_args(tmp_path, "--device", device)) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: device {device!r} asked for CUDA, but no CUDA device is available; use --device cpu\n"
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_python_m_training_device_cuda_without_cuda_exits_2_with_no_traceback(tmp_path, make_args):
+    proc = subprocess.run(
+        [sys.executable, "-m", "training", *make_args(tmp_path, "--device", "cuda")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "error: device 'cuda' asked for CUDA, but no CUDA device is available; use --device cpu"
+    ]
 
 
 def test_train_prints_the_result_and_records_the_command(tmp_path, make_args, capsys):

@@ -18,17 +18,16 @@ from training.report import read_metrics
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _torchrun(out: Path, args: list[str], *extra: str) -> subprocess.CompletedProcess:
+def _torchrun(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
-        "--nproc_per_node=2",
+        f"--nproc_per_node={nproc}",
         "-m",
         "training",
         *args,
-        *extra,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -40,7 +39,7 @@ def test_torchrun_two_processes_on_cpu_train_and_save_once(tmp_path, make_args):
     args = make_args(
         out, "--max-iters", "20", "--eval-interval", "10", "--checkpoint-interval", "10", "--model.dropout", "0.1"
     )
-    proc = _torchrun(out, args)
+    proc = _torchrun(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     # One result line (rank 0 prints it), one model, one log, one checkpoint.
@@ -60,3 +59,17 @@ def test_torchrun_two_processes_on_cpu_train_and_save_once(tmp_path, make_args):
     assert read_metrics(out)[-1]["tokens"] == 20 * 2 * 8 * 16
     card = (out / "README.md").read_text()
     assert "torchrun --nproc_per_node=2 -m training --preset tiny" in card and "2 DDP processes" in card
+
+
+@pytest.mark.distributed
+def test_a_failing_torchrun_worker_prints_one_error_line_that_torchrun_repeats(tmp_path, make_args):
+    """The worker prints its one-line error (once per job) before torchrun's own failure summary, and hands it to
+    torchrun through its error file, so the summary names it instead of a link to torchrun's documentation."""
+    missing = tmp_path / "missing.txt"
+    proc = _torchrun(make_args(tmp_path / "out", "--data", missing))  # the last --data counts
+    message = f"error: data file not found: {missing} (pass --data PATH to a UTF-8 text file)"
+    lines = proc.stderr.splitlines()
+    assert proc.returncode != 0 and [line for line in lines if line.startswith("error: ")] == [message]
+    assert lines.index(message) < lines.index("Traceback (most recent call last):")  # torchrun's own, then
+    root_cause = proc.stderr.split("Root Cause (first observed failure):")[1]
+    assert f"traceback : {message}" in root_cause and "To enable traceback" not in proc.stderr
