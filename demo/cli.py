@@ -190,7 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{[n for n in registry.names if n not in registry.available] or 'none'})"
     )
     if not args.no_preload:
-        print(f"demo: {preload(registry, default_model, args.backend)}")
+        try:
+            print(f"demo: {preload(registry, default_model, args.backend)}")
+        except (ValueError, OSError) as e:  # a bad model folder (ModelUnavailable is a ValueError): serve nothing
+            print(f"demo: error: cannot load {default_model}/{args.backend}: {e}", file=sys.stderr)
+            registry.close()
+            return 2
     demo = build_demo(
         registry,
         default_model=default_model,

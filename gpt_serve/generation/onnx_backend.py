@@ -111,7 +111,13 @@ def load_session(path: Path, threads: int | None = None, providers=None) -> ort.
     try:
         providers = providers or ["CPUExecutionProvider"]
         return ort.InferenceSession(str(path), session_options(threads), providers=providers)
-    except (ort_errors.Fail, ort_errors.InvalidProtobuf, ort_errors.InvalidGraph, ort_errors.NoModel) as e:
+    except (
+        ort_errors.Fail,
+        ort_errors.InvalidArgument,
+        ort_errors.InvalidProtobuf,
+        ort_errors.InvalidGraph,
+        ort_errors.NoModel,
+    ) as e:
         raise ValueError(
             f"ONNX Runtime cannot load {path} ({path.stat().st_size} bytes): the file is truncated or corrupt "
             f"({type(e).__name__}: {str(e)[:300]}). Re-" + EXPORT_HINT.format(model_dir=model_dir)
