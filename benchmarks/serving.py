@@ -3,13 +3,17 @@
     python benchmarks/serving.py --threads 2                       # shipped model, torch and onnx-int8, 1/4/16/64
     python benchmarks/serving.py --backends onnx --streams 1 16 --window-mode exact
     python benchmarks/serving.py --threads 2 --over api            # the same over HTTP: `gpt-serve serve`, openai
+    python benchmarks/serving.py --threads 2 --over demo           # through the demo's /generate (gradio_client)
+    python benchmarks/serving.py --threads 2 --model lesson        # the lesson's 10.8M model (random weights)
 
 For each backend and each number of concurrent streams N: N requests of `--tokens` tokens each are submitted at
 once to one `Scheduler` and read by N consumer threads (as a server's request handlers would). It prints the
 aggregate tokens/s (all tokens over the wall time), the per-stream tokens/s (p50 of each stream's tokens over its
 own time), and time to first token p50/p95. With `--over api` the streams go through the OpenAI-compatible API of
-a `gpt-serve serve` process started here (on 127.0.0.1, a free port), read with the `openai` client; the demo's
-/generate is measured by `benchmarks/demo_load.py`.
+a `gpt-serve serve` process started here (on 127.0.0.1, a free port), read with the `openai` client; with
+`--over demo`, through the `/generate` API of a `python -m demo` process, read with `gradio_client` (each update is
+the text so far). `--model lesson` builds the lesson's 10.8M architecture with random weights and exports it
+(about a minute; its speed does not depend on the weights).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -66,6 +71,24 @@ def api_stream(url: str, model: str, backend: str, prompt: str, tokens: int, win
     return consume
 
 
+def demo_stream(url: str, model: str, backend: str, prompt: str, tokens: int, window_mode: str):
+    """The same through the demo's /generate (gradio_client): each update is the whole text so far."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    settings = dict(prompt=prompt, max_new_tokens=tokens, temperature=0.8, top_k=None, top_p=1.0)
+    settings.update(backend=backend, model=model, window_mode=window_mode, unk_policy="error")
+
+    def consume(seed: int):
+        seen = 0
+        for text in client.submit(**settings, seed=seed, api_name="/generate"):
+            if len(text) > seen:
+                yield len(text) - seen
+                seen = len(text)
+
+    return consume
+
+
 def run(consume, n: int, tokens: int) -> dict:
     """N streams at once; per stream (time to first token, tokens/s after it), and the aggregate."""
     results: list[tuple[float, float, int]] = []
@@ -99,31 +122,42 @@ def run(consume, n: int, tokens: int) -> dict:
     )
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
-    """`gpt-serve serve` on 127.0.0.1 on a free port; (process, URL) once it answers /health."""
+def start_server(args, model_dirs: list[str]) -> tuple[subprocess.Popen, str]:
+    """`gpt-serve serve` (`--over api`) or `python -m demo` (`--over demo`) on 127.0.0.1 on a free port; (process,
+    URL) once it answers."""
     import httpx
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cli = [sys.executable, "-m", "gpt_serve", "serve", "--port", str(port), "--threads", str(args.threads)]
-    cli += ["--max-batch", str(args.max_batch), "--max-queue", str(max(args.streams)), "--log-level", "warning"]
-    process = subprocess.Popen(cli, cwd=ROOT)
+    extra = [arg for spec in model_dirs for arg in ("--model-dir", spec)]
+    if args.over == "api":
+        cli = [sys.executable, "-m", "gpt_serve", "serve", "--port", str(port), "--threads", str(args.threads)]
+        cli += ["--max-batch", str(args.max_batch), "--max-queue", str(max(args.streams)), "--log-level", "warning"]
+        ready = "/health"
+    else:
+        cli = [sys.executable, "-m", "demo", "--port", str(port), "--threads", str(args.threads), "--no-preload"]
+        cli += ["--concurrency", str(max(args.streams)), "--max-new-tokens-limit", str(args.tokens)]
+        ready = "/"
+    process = subprocess.Popen(cli + extra, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            if httpx.get(f"{url}{ready}", timeout=1).status_code == 200:
                 return process, url
         except httpx.HTTPError:
             time.sleep(0.2)
     process.terminate()
-    raise SystemExit(f"gpt-serve serve did not answer on {url}")
+    raise SystemExit(f"{cli[2]} did not answer on {url}")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="shakespeare", help="shipped model name or model folder")
+    p.add_argument(
+        "--model", default="shakespeare", help="shipped model name, model folder, or 'lesson' (10.8M, random weights)"
+    )
+    p.add_argument("--data", default=None, help="Tiny Shakespeare, for --model lesson's export (default: downloaded)")
     p.add_argument("--backends", nargs="+", default=["torch", "onnx-int8"])
     p.add_argument("--streams", nargs="+", type=int, default=[1, 4, 16, 64])
     p.add_argument("--tokens", type=int, default=200, help="max_new_tokens of every stream")
@@ -131,30 +165,52 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-mode", choices=["exact", "refill"], default="refill")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--over", choices=["scheduler", "api"], default="scheduler", help="in process, or over HTTP")
+    p.add_argument(
+        "--over",
+        choices=["scheduler", "api", "demo"],
+        default="scheduler",
+        help="in process, over the OpenAI-compatible API, or over the demo's /generate",
+    )
     args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as work:
+        return bench(args, Path(work))
+
+
+def bench(args, work: Path) -> int:
+    model_dirs = []
+    if args.model == "lesson":
+        from benchmarks.onnx_generation import lesson_model_dir
+        from gpt_serve.corpus import load_text
+
+        model_dirs = [f"lesson={lesson_model_dir(work, load_text(args.data))}"]
+        args.model = "lesson"
     print(
         f"model {args.model!r}, {args.tokens} tokens a stream from {args.prompt!r}, window {args.window_mode}, "
         f"{args.threads} threads, max_batch {args.max_batch}, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.1f} at the start"
     )
-    over = "the OpenAI-compatible API (HTTP, openai client)" if args.over == "api" else "the scheduler itself"
+    over = {
+        "api": "the OpenAI-compatible API (HTTP, openai client)",
+        "demo": "the demo's /generate (HTTP, gradio_client)",
+        "scheduler": "the scheduler itself",
+    }[args.over]
     print(f"over: {over}")
     print("| backend | streams | complete | aggregate tok/s | per-stream tok/s p50 | TTFT p50 | TTFT p95 |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    server = start_server(args) if args.over == "api" else None
+    server = start_server(args, model_dirs) if args.over != "scheduler" else None
     try:
         for key in args.backends:
             scheduler = None
             if server is None:
-                loaded = load_backend(args.model, key, threads=args.threads)
+                loaded = load_backend(model_dirs[0].split("=", 1)[1] if model_dirs else args.model, key, args.threads)
                 queue = max(args.streams)
                 scheduler = Scheduler(loaded.backend, max_batch=args.max_batch, max_queue=queue)
                 consume = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), args.tokens, args.window_mode)
                 warm = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), 8, args.window_mode)
             else:
-                consume = api_stream(server[1], args.model, key, args.prompt, args.tokens, args.window_mode)
-                warm = api_stream(server[1], args.model, key, args.prompt, 8, args.window_mode)
+                stream = api_stream if args.over == "api" else demo_stream
+                consume = stream(server[1], args.model, key, args.prompt, args.tokens, args.window_mode)
+                warm = stream(server[1], args.model, key, args.prompt, 8, args.window_mode)
             try:
                 run(warm, 2, 8)  # warm-up: loading, first-call allocations, thread pools
                 for n in args.streams:

@@ -66,6 +66,12 @@ def test_serving_benchmark():
         *("--over", "api"),
     )
     assert "| torch | 2 | 2/2 |" in out
+    out = run_script(
+        "serving.py",
+        *("--model", "ladder-a", "--backends", "onnx-int8", "--streams", "2", "--tokens", "10", "--threads", "1"),
+        *("--over", "demo"),
+    )
+    assert "| onnx-int8 | 2 | 2/2 |" in out
 
 
 def test_gpu_check_without_a_gpu_says_so_in_one_line_and_exits_2(tmp_path):
