@@ -45,7 +45,7 @@ def _truncate(path: Path, keep: int) -> None:
 DAMAGE = {
     "weights truncated": (lambda f: _truncate(f / "model.safetensors", 100), ["torch"], "model.safetensors"),
     "weights empty": (lambda f: _truncate(f / "model.safetensors", 0), ["torch"], "model.safetensors"),
-    "weights pickled only": (_pickle_only, ["torch"], "Pickled weights .* are not loaded"),
+    "weights pickled only": (_pickle_only, ["torch"], "Pickled weights .* are not loaded.*To convert a file you trust"),
     "weights of another model": (_other_weights, ["torch"], "does not hold this model's weights"),
     "config a JSON list": (lambda f: (f / "config.json").write_text("[1, 2]"), ["torch", "onnx"], "JSON object"),
     "config not JSON": (lambda f: (f / "config.json").write_text("{oops"), ["torch", "onnx"], "config.json"),

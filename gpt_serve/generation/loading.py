@@ -122,7 +122,9 @@ def _torch_backend(folder: Path, threads: int | None):
         found = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".safetensors"))
         raise FileNotFoundError(
             f"{folder} has no {WEIGHTS_FILE_NAME} (found: {found or 'no weights'}); save the model with "
-            f"save_pretrained, which writes it. Pickled weights (pytorch_model.bin) are not loaded: they can run code."
+            f"save_pretrained, which writes it. Pickled weights (pytorch_model.bin) are not loaded: they can run code. "
+            f"To convert a file you trust: CharGPTForCausalLM.from_pretrained(folder, use_safetensors=False)"
+            f".save_pretrained(folder)"
         )
     if threads is not None:
         torch.set_num_threads(threads)
