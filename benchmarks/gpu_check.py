@@ -181,7 +181,10 @@ def check_onnx(rehearsal: bool, out: Path) -> Result:
     rc, stdout = run(cmd, LIMITS_S["onnx-cuda"], log)
     if rc != 0:
         return failed_run("onnx-cuda", rc, LIMITS_S["onnx-cuda"], log)
-    return Result(**json.loads(stdout.strip().splitlines()[-1]))
+    lines = stdout.strip().splitlines()
+    if not lines:
+        return Result("onnx-cuda", "FAIL", f"the parity check printed nothing; see {log}", {})
+    return Result(**json.loads(lines[-1]))
 
 
 def onnx_parity(rehearsal: bool, decode_steps: int = 16) -> Result:
@@ -282,10 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: nothing to check on: {unavailable}")
         return 2
     plan = CPU if args.rehearse_on_cpu else GPU
-    out, work = args.out, args.work or args.out
+    out, work = args.out.resolve(), (args.work or args.out).resolve()  # the checks run with cwd=ROOT
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    data = args.data or (DEFAULT_DATA if DEFAULT_DATA.is_file() else None)  # None: the trainer downloads it
+    data = args.data.resolve() if args.data else (DEFAULT_DATA if DEFAULT_DATA.is_file() else None)  # None: download
     results = []
     for check in (
         lambda: check_train(plan, args.steps or plan.steps, work, out, data),

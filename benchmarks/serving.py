@@ -183,7 +183,6 @@ def bench(args, work: Path) -> int:
         from gpt_serve.corpus import load_text
 
         model_dirs = [f"lesson={lesson_model_dir(work, load_text(args.data))}"]
-        args.model = "lesson"
     print(
         f"model {args.model!r}, {args.tokens} tokens a stream from {args.prompt!r}, window {args.window_mode}, "
         f"{args.threads} threads, max_batch {args.max_batch}, {os.cpu_count()} CPUs, "

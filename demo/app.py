@@ -110,7 +110,7 @@ def build_demo(
         ui = _layout(registry, handlers, limits, default_backend)
         _wire(demo, ui, handlers, concurrency)
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
-    demo.validate_inputs = _validate_inputs  # every event, private ones included: a message, not {"error": null}
+    _explain_bad_inputs(demo)  # every event, private ones included: a message, not {"error": null}
     # for tests and benchmarks: the counters, the models, and the event functions callable without a browser
     demo.activity, demo.registry, demo.handlers = handlers.activity, registry, handlers
     return demo
@@ -237,6 +237,26 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
         trigger(handlers.ui_model_info, [ui.model, ui.backend], ui.model_info, queue=False, **private)
     api = gr.api(handlers.api_generate(), api_name="generate", **stream_group)
     describe_parameters(demo.fns[api["id"]])
+
+
+def _explain_bad_inputs(demo: gr.Blocks) -> None:
+    """Gradio answers `{"error": null}` when an event's inputs fail its own checks (too few values) or its
+    components' preprocessing (a string where a Dataset wants an index): this demo's answers say what was wrong."""
+    demo.validate_inputs = _validate_inputs
+    preprocess = demo.preprocess_data
+
+    async def preprocess_data(block_fn, inputs, state, explicit_call: bool = False):
+        try:
+            return await preprocess(block_fn, inputs, state, explicit_call)
+        except gr.Error:
+            raise
+        except Exception as e:
+            what = f"{type(e).__name__}: {str(e)[:200]}"
+            raise gr.Error(
+                f"{block_fn.api_name or block_fn.name}: an input value was not understood ({what})"
+            ) from None
+
+    demo.preprocess_data = preprocess_data
 
 
 def _validate_inputs(block_fn, inputs: list) -> None:

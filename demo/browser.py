@@ -56,6 +56,12 @@ def missing_files(files: dict[str, Path]) -> list[str]:
 def problem(missing: list[str], web_dir: Path, model_dir: Path) -> str | None:
     """What is wrong when files of the table are missing, and how to fix it (None when all are there)."""
     if any(path.startswith("ort/") for path in missing):
+        if not (web_dir / "package.json").is_file():  # an installed wheel carries the page, not the npm files
+            return (
+                f"onnxruntime-web is not installed ({web_dir / ORT_DIST} is missing), and this installation has no "
+                f"npm files (a wheel): run the demo from a clone (`make install` runs `npm ci`), or put the files "
+                f"{', '.join(ORT_FILES)} of onnxruntime-web's dist/ folder there."
+            )
         return f"onnxruntime-web is not installed ({web_dir / ORT_DIST} is missing): {INSTALL_HINT}."
     if any(path.startswith("model/") for path in missing):
         shown = ", ".join(p.removeprefix("model/") for p in missing if p.startswith("model/"))

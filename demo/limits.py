@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from starlette.exceptions import HTTPException
+
 MAX_BODY_BYTES = 256 * 1024  # a 10,000-character prompt (the request limit) is at most ~60 kB of JSON
 
 
@@ -33,7 +35,7 @@ class BodySizeLimit:
         try:
             await self.app(scope, limited_receive, send)
         except BodyTooLarge as e:
-            await self._refuse(send, e.args[0])
+            await self._refuse(send, e.size)
 
     async def _refuse(self, send, size: int) -> None:
         body = json.dumps(
@@ -44,5 +46,10 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(HTTPException):
+    """Raised from `receive`: an HTTPException, because FastAPI turns any other error while it reads a body into
+    400 "There was an error parsing the body"; this one it re-raises, and the middleware answers 413."""
+
+    def __init__(self, size: int):
+        super().__init__(413)
+        self.size = size

@@ -69,6 +69,7 @@ def card_section(report: ExportReport, command: str) -> str:
     )
     times = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
     versions = ", ".join(f"{k} {v}" for k, v in report.versions.items())
+    eos = "the training text's rarest character" if v is not None else "the vocabulary's last character"
     shipped = report.model_dir.resolve().parent == MODELS_DIR
     name = report.model_dir.name if shipped else str(report.model_dir)
     return f"""{CARD_BEGIN}
@@ -100,7 +101,7 @@ print("".join(stream_text(loaded.backend, loaded.vocab, "ROMEO:", 200, SamplingP
 
 `onnx/genai_config.json` with `onnx/tokenizer.json` lets onnxruntime-genai run the
 {"int8" if v is not None else "fp32"} graph (`og.Model("onnx")`); genai stops at `block_size` = context length (it has
-no sliding window) and treats the training text's rarest character as end of text.
+no sliding window) and treats {eos} as end of text.
 {CARD_END}
 """
 

@@ -211,6 +211,8 @@ def _serve_ray(args: argparse.Namespace) -> int:
 
 
 def _interrupt(signum, frame):
+    for stop in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut the shutdown short
+        signal.signal(stop, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -283,7 +285,12 @@ def _serve_parser(sub) -> None:
     s.add_argument("--max-batch", type=positive_int, default=16, help="requests decoded at once, per model")
     s.add_argument("--max-queue", type=positive_int, default=256, help="requests waiting; past it: 429")
     s.add_argument("--max-tokens-limit", type=positive_int, default=2000, help="the largest max_tokens accepted")
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="uvicorn's")
+    s.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the server's (with --ray: the replicas')",
+    )
     s.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
     r = s.add_argument_group("Ray Serve (pip install 'gpt-serve[ray]')")
     r.add_argument("--ray", action="store_true", help="serve through Ray Serve replicas behind Ray's HTTP proxy")

@@ -45,7 +45,7 @@ class RayServeOptions(BaseModel):
     models_root: str | None = Field(None, description="folder of model folders (None: the shipped models)")
     model_dirs: tuple[str, ...] = Field((), description="more model folders: NAME=PATH or PATH")
     backend: str = Field("torch", description="the backend of a request that names none")
-    max_batch: int = Field(16, ge=1, description="requests each replica decodes at once, per model")
+    max_batch: int = Field(16, ge=1, description="requests each replica runs at once, over all its models")
     max_queue: int = Field(256, ge=1, description="requests Ray's proxy holds when every replica is full")
     max_tokens_limit: int = Field(2000, ge=1, description="the largest max_tokens accepted")
 
@@ -138,7 +138,10 @@ def serving(
             _check_cpus(ray.cluster_resources().get("CPU", 0.0), options)
         serve.start(http_options={"host": host, "port": port})
         logging_config = {"log_level": log_level.upper()}
-        serve.run(application(options), name=APP_NAME, route_prefix="/", logging_config=logging_config)
+        try:
+            serve.run(application(options), name=APP_NAME, route_prefix="/", logging_config=logging_config)
+        except Exception as e:  # a replica that cannot start (models missing on a node, a bad option): say so
+            raise ValueError(f"Ray Serve could not deploy {APP_NAME}: {type(e).__name__}: {str(e)[:500]}") from None
         yield _root_url(serve, f"http://{host}:{port}")
     finally:
         if local:

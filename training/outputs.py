@@ -3,8 +3,9 @@
 - The final model folder is written into a temporary folder inside the output folder, then moved in file by file
   (`publish_folder`), `config.json` last: until it lands, the folder is not a model folder (a loader says so), and
   each file is complete when it appears.
-- Temporary files of an interrupted run (`.save-*/`, `checkpoints/.*.tmp`, `*.tmp`) are removed when the next run
-  starts in the same folder (`remove_stale_temp_files`).
+- Temporary files of an interrupted run (`.save-*/`, `checkpoints/.*.tmp`, `metrics.jsonl.tmp`, `loss.tmp.png`)
+  are removed when the next run starts in the same folder (`remove_stale_temp_files`), once it holds the folder's
+  lock (`lock_folder`): a second run started by mistake never deletes a running one's files.
 - A full disk is reported as one (`explain_write_error`): torch's serializer says "PytorchStreamWriter failed
   writing file" without naming the cause.
 - Files get the usual permissions (0644 under the common umask), not the 0600 of a `tempfile` file.
@@ -25,13 +26,22 @@ logger = logging.getLogger(__name__)
 SAVE_PREFIX = ".save-"
 LAST = "config.json"  # what makes a folder a model folder: moved in after everything else
 LOW_SPACE_BYTES = 16 * 2**20
+TEMP_NAMES = ("metrics.jsonl.tmp", "loss.tmp.png")  # what report.py writes before renaming
 
 
 def file_mode() -> int:
     """The mode a newly created file gets under this process's umask (0644 under the usual 022)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    try:  # Linux: read it (setting it to read it back would change it for every thread for a moment)
+        with open("/proc/self/status", encoding="ascii") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+    except (OSError, StopIteration, ValueError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return umask
 
 
 def publish_folder(out: Path, write: Callable[[Path], None]) -> None:
@@ -45,6 +55,7 @@ def publish_folder(out: Path, write: Callable[[Path], None]) -> None:
             raise explain_write_error(e, tmp) from None
         names = sorted(p.name for p in tmp.iterdir())
         mode = file_mode()
+        (out / LAST).unlink(missing_ok=True)  # a folder saved before: not a model folder until the new one lands
         for name in sorted(names, key=lambda n: n == LAST):
             path = tmp / name
             if path.is_file():
@@ -57,7 +68,9 @@ def publish_folder(out: Path, write: Callable[[Path], None]) -> None:
 def remove_stale_temp_files(out: Path) -> list[Path]:
     """Removes what an interrupted run left in `out` (its temporary save folders and files); returns them."""
     stale = [p for p in out.glob(SAVE_PREFIX + "*") if p.is_dir()]
-    stale += [p for p in (out / "checkpoints").glob(".*.tmp")] + [p for p in out.glob("*.tmp*")]
+    stale += [p for p in (out / "checkpoints").glob(".*.tmp")] + [
+        p for p in map(out.joinpath, TEMP_NAMES) if p.exists()
+    ]
     for path in stale:
         logger.info("removing %s, left by an interrupted run", path)
         if path.is_dir():
@@ -65,6 +78,23 @@ def remove_stale_temp_files(out: Path) -> list[Path]:
         else:
             path.unlink(missing_ok=True)
     return stale
+
+
+def lock_folder(out: Path):
+    """Holds an exclusive lock on `out/.lock` (an open file; released when it is closed, or the process ends); a
+    ValueError if another process holds it."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    handle = open(out / ".lock", "a+")  # noqa: SIM115 -- held for the run, closed by the caller
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise ValueError(
+            f"another training run is using {out} (it holds {out / '.lock'}); choose another --out"
+        ) from None
+    return handle
 
 
 def explain_write_error(error: BaseException, path: Path) -> BaseException:

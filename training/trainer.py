@@ -27,7 +27,7 @@ from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkp
 from .config import ARCH_KEYS, MODEL_KEYS, OPTIMIZATION_KEYS, SCHEDULES, TrainConfig, make_scheduler  # noqa: F401
 from .data import CharDataset
 from .kernels import use_cpu_training_kernels
-from .outputs import publish_folder, remove_stale_temp_files
+from .outputs import lock_folder, publish_folder, remove_stale_temp_files
 from .report import Corpus, append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
 from .runtime import setup_runtime
 from .tracking import Trackers, parse_report_to
@@ -229,17 +229,21 @@ class Trainer:
 
     def fit(self) -> dict:
         """Runs to `max_iters` (or early stop), evaluating and checkpointing; returns the final metrics."""
+        lock = None
         try:
+            lock = lock_folder(self.out) if self.rt.is_main else None  # one run per output folder
             self._start()
             self._loop()
             return self._finish()
         finally:
             if self.trackers is not None:
                 self.trackers.close()
+            if lock is not None:
+                lock.close()
             self.rt.close()
 
     def _start(self) -> None:
-        if self.rt.is_main and self.out.is_dir():
+        if self.rt.is_main:  # under the folder's lock: what is left is an interrupted run's
             remove_stale_temp_files(self.out)
         if self.cfg.resume:
             self.resume()

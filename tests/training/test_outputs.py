@@ -60,8 +60,39 @@ def test_an_interrupted_runs_temporary_files_are_removed_by_the_next(tmp_path, m
     (left[0] / "model.safetensors").write_bytes(b"half")
     for path in left[1:]:
         path.write_bytes(b"half")
-    assert sorted(remove_stale_temp_files(tmp_path)) == sorted(left)
-    assert not any(p.exists() for p in left)
+    (tmp_path / "notes.tmp.txt").write_text("the user's")  # not ours: kept
+    Trainer(make_config(tmp_path, max_iters=2, eval_interval=2, sample_tokens=0)).fit()
+    assert not any(p.exists() for p in left) and (tmp_path / "notes.tmp.txt").exists()
+
+
+def test_a_second_run_in_the_same_folder_is_refused_and_touches_nothing(tmp_path, make_config):
+    from training.outputs import lock_folder
+
+    (tmp_path / "checkpoints").mkdir(parents=True)
+    running = tmp_path / "checkpoints" / ".checkpoint.pt-live.tmp"  # the running job's checkpoint being written
+    running.write_bytes(b"in progress")
+    held = lock_folder(tmp_path)  # as the running job holds it
+    try:
+        with pytest.raises(ValueError, match=r"another training run is using .* choose another --out"):
+            Trainer(make_config(tmp_path, max_iters=2, eval_interval=2, sample_tokens=0)).fit()
+        assert running.exists()
+    finally:
+        held.close()
+    assert remove_stale_temp_files(tmp_path) == [running]  # once the lock is free
+
+
+def test_republishing_removes_config_json_first(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text('{"old": true}')
+    seen = []
+    real = os.replace
+
+    def replace(a, b):
+        seen.append((os.path.basename(b), (tmp_path / "config.json").exists()))
+        real(a, b)
+
+    monkeypatch.setattr(outputs.os, "replace", replace)
+    publish_folder(tmp_path, lambda f: [(f / n).write_text("{}") for n in ("config.json", "model.safetensors")])
+    assert seen == [("model.safetensors", False), ("config.json", False)]
 
 
 def test_resume_drops_a_torn_last_metrics_line_and_repairs_the_file(tmp_path, make_config):
