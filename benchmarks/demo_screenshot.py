@@ -1,10 +1,11 @@
-"""Regenerates the README's screenshot of the demo (docs/demo.png) in headless Chromium.
+"""Regenerates the README's screenshots of the demo in headless Chromium: docs/demo.png (light), docs/demo-dark.png
+(the page in dark mode) and docs/demo-phone.png (390 pixels wide).
 
     .venv/bin/python benchmarks/demo_screenshot.py                         # the shipped default model
-    .venv/bin/python benchmarks/demo_screenshot.py --model ladder-e --out /tmp/demo.png
+    .venv/bin/python benchmarks/demo_screenshot.py --model ladder-e --out /tmp/demo.png   # and /tmp/demo-dark.png ...
 
-Starts `python -m demo` on a free port, generates from a prompt with a fixed seed, runs the ladder comparison,
-and saves a full-page screenshot once the attention view is drawn.
+Starts `python -m demo` on a free port; for each screenshot, opens a page, generates from a prompt with a fixed
+seed, runs the comparison (desktop ones), and saves a full-page screenshot once the attention view is drawn.
 """
 
 from __future__ import annotations
@@ -17,6 +18,35 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_load import CHROMIUM, ROOT, start_demo  # noqa: E402
 
+# (file name suffix, Playwright page options, run the comparison too)
+SHOTS = [
+    ("", dict(viewport={"width": 1280, "height": 1000}), True),
+    ("-dark", dict(viewport={"width": 1280, "height": 1000}, color_scheme="dark"), True),
+    ("-phone", dict(viewport={"width": 390, "height": 844}, device_scale_factor=2, is_mobile=True), False),
+]
+
+
+def take(browser, url: str, args, out: Path, options: dict, compare: bool) -> None:
+    page = browser.new_page(**options)
+    page.set_default_timeout(120_000)
+    page.goto(url)
+    page.locator("#prompt textarea").fill(args.prompt)
+    for elem_id, value in (("max-new-tokens", args.max_new_tokens), ("seed", args.seed)):
+        page.locator(f"#{elem_id} input[type=number]").fill(str(value))
+        page.locator(f"#{elem_id} input[type=number]").press("Enter")
+    page.locator("#generate-btn").click()
+    page.locator("#status").filter(has_text="Done.").wait_for()
+    page.locator("#attention").scroll_into_view_if_needed()  # its image loads lazily
+    page.locator("#attention img").wait_for(state="visible")
+    page.locator("#attention-caption").filter(has_text="on both axes").wait_for()
+    if compare:
+        page.get_by_text("Compare the ladder: what each lesson component buys").click()
+        page.locator("#compare-btn").click()
+        page.locator("#compare-status").filter(has_text="Done: prompt").wait_for()
+    page.screenshot(path=str(out), full_page=True)
+    page.close()
+    print(f"wrote {out}")
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -25,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", default="ROMEO:")
     p.add_argument("--max-new-tokens", type=int, default=400)
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--out", default=str(ROOT / "docs" / "demo.png"))
+    p.add_argument("--out", default=str(ROOT / "docs" / "demo.png"), help="the light one; the others beside it")
     args = p.parse_args(argv)
     args.threads, args.concurrency = 1, 16
 
@@ -42,29 +72,17 @@ def main(argv: list[str] | None = None) -> int:
         "--disable-component-update",
         "--disable-sync",
     ]
+    out = Path(args.out)
+    os.makedirs(out.parent, exist_ok=True)
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=flags)
-            page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.set_default_timeout(120_000)
-            page.goto(url)
-            page.locator("#prompt textarea").fill(args.prompt)
-            for elem_id, value in (("max-new-tokens", args.max_new_tokens), ("seed", args.seed)):
-                page.locator(f"#{elem_id} input[type=number]").fill(str(value))
-                page.locator(f"#{elem_id} input[type=number]").press("Enter")
-            page.locator("#generate-btn").click()
-            page.locator("#status").filter(has_text="Done.").wait_for()
-            page.locator("#attention img").wait_for(state="visible")
-            page.get_by_text("Compare the ladder: what each lesson component buys").click()
-            page.locator("#compare-btn").click()
-            page.get_by_text("Done: same prompt, seed").wait_for()
-            os.makedirs(Path(args.out).parent, exist_ok=True)
-            page.screenshot(path=args.out, full_page=True)
+            for suffix, options, compare in SHOTS:
+                take(browser, url, args, out.with_name(f"{out.stem}{suffix}{out.suffix}"), options, compare)
             browser.close()
     finally:
         process.terminate()
         process.wait(timeout=10)
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -4,7 +4,8 @@
 - `demo.handlers.DemoHandlers`: the functions behind its events and the /generate API.
 - `demo.generation`: request checking, the streaming generator with live stats, the yield throttle.
 - the models come from `gpt_serve.generation.registry.ModelRegistry` (shared with the OpenAI-compatible API).
-- `demo.attention`: per-head attention heat maps of the prompt (numpy colormap).
+- `demo.attention`: per-head attention heat maps of the prompt (numpy colormap), its characters on the axes.
+- `demo.captions`: what the page says in words (stats line, captions, labels).
 - `demo.browser.mount_browser(app, model_dir)`: the in-browser page (`demo/web/`, onnxruntime-web) at /browser/.
 - `demo.cli.main(argv)`: the command line.
 

@@ -5,11 +5,16 @@ Building loads no model; the first request (or the CLI's preload) does, once, an
 Events:
 - `/generate` (public API, `gr.api`): a plain generator yielding the generated text so far; bad input raises
   `gr.Error` with a message naming it.
-- The Generate button (UI only): the same stream, plus live stats; then the attention view of the prompt. Each
-  run gets a ticket from the page; the Stop button sends the tickets back and the run's loop ends after its
-  current token (`StopRequests`). A client that disconnects (or a `gradio_client` job that is cancelled) makes
-  Gradio close the generator, which also ends the loop (see `demo.generation`).
-- Compare the ladder (UI only): the same prompt, seed and settings through every ladder stage, side by side.
+- The Generate button (UI only): the same stream, plus live stats; the previous attention view is cleared at
+  once, and the view of the prompt is drawn when the run ends. Each run gets a ticket from the page; the Stop
+  button (enabled only while a run is on) sends the tickets back and the run's loop ends after its current token
+  (`StopRequests`). A client that disconnects (or a `gradio_client` job that is cancelled) makes Gradio close the
+  generator, which also ends the loop (see `demo.generation`).
+- Compare the ladder (UI only): the same prompt, seed and settings through the default model and every ladder
+  stage, side by side.
+- A value typed into a slider's box outside its range: a note under the sliders (in the browser; the slider
+  clamps it).
+- Errors are said once, in the status line: no toasts.
 
 All generation events share one concurrency group of `concurrency` slots: many users stream at once instead of
 waiting in line behind Gradio's default limit of 1.
@@ -17,6 +22,7 @@ waiting in line behind Gradio's default limit of 1.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import gradio as gr
@@ -25,8 +31,9 @@ from starlette.middleware import Middleware
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.registry import ModelRegistry
 
+from .captions import PENDING_CAPTION, ladder_label, range_note_js
 from .generation import Activity, Limits
-from .handlers import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, FIELDS, DemoHandlers, ladder_label
+from .handlers import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, FIELDS, DemoHandlers
 from .limits import MAX_BODY_BYTES, BodySizeLimit
 
 DEFAULT_PROMPT = "ROMEO:"
@@ -46,8 +53,12 @@ UNK_CHOICES = [
     ("replace each with a space", "replace"),
     ("drop them", "drop"),
 ]
-# A fresh ticket for each run started from the page; Stop sends the tickets back (see `StopRequests`).
-NEW_TICKET_JS = "() => Math.random().toString(36).slice(2) + Date.now().toString(36)"
+# A fresh ticket for each run started from the page; Stop sends the tickets back (see `StopRequests`). A run also
+# enables Stop (`DemoHandlers.ui_run_ended` disables it again) and Generate clears the previous attention view.
+NEW_TICKET = "Math.random().toString(36).slice(2) + Date.now().toString(36)"
+ENABLED = '{__type__: "update", interactive: true}'  # what gr.Button(interactive=True) sends to the page
+START_COMPARE_JS = f"() => [{NEW_TICKET}, {ENABLED}]"
+START_GENERATE_JS = f"() => [{NEW_TICKET}, {ENABLED}, null, {json.dumps(PENDING_CAPTION)}]"
 
 
 # What the server accepts and keeps for clients, bounded (every client can reach every event): request bodies up to
@@ -63,7 +74,10 @@ def launch_limits() -> dict:
     )
 
 
-CSS = "#output textarea, .ladder textarea {font-family: ui-monospace, SFMono-Regular, Menlo, monospace;}"
+CSS = """
+#output textarea, .ladder textarea {font-family: ui-monospace, SFMono-Regular, Menlo, monospace;}
+#attention-caption code {white-space: pre-wrap; word-break: break-all;}
+"""
 INTRO = """# gpt-serve: the "Let's build GPT" model, live
 A character-level GPT trained on Tiny Shakespeare: one token per character. Type a prompt (a speaker's name and a
 colon works well), press **Generate** and watch it write; **Stop** stops the computation. Below: what its
@@ -117,27 +131,28 @@ def build_demo(
 
 
 def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, default_backend: str) -> SimpleNamespace:
-    """The page's components; `form` holds the request's, in the order of `FIELDS`."""
+    """The page's components; `form` holds the request's, in the order of `FIELDS`. The prompt, the buttons and
+    the output come first, the settings beside them (below them on a narrow screen, where the columns wrap)."""
     ui = SimpleNamespace()
     with gr.Row():
-        with gr.Column(scale=2):
+        with gr.Column(scale=3, min_width=320):
             ui.prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=4, elem_id="prompt")
             with gr.Row():
                 ui.generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
-                ui.stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+                ui.stop_btn = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop-btn")
+            ui.output = gr.Textbox(
+                label="Output",
+                lines=16,
+                max_lines=28,
+                interactive=False,
+                autoscroll=True,
+                elem_id="output",
+                buttons=["copy"],
+            )
+            ui.stats = gr.Markdown(elem_id="stats")
+            ui.status = gr.Markdown(elem_id="status")
+        with gr.Column(scale=2, min_width=320):
             gr.Examples(EXAMPLES, inputs=[ui.prompt], label="Examples")
-            with gr.Accordion("Sampling", open=True):
-                ui.max_new_tokens = gr.Slider(
-                    1, limits.max_new_tokens, DEFAULT_MAX_NEW_TOKENS, step=1, label="Max new tokens",
-                    elem_id="max-new-tokens",
-                )  # fmt: skip
-                ui.temperature = gr.Slider(0, 2, DEFAULT_TEMPERATURE, step=0.05, label="Temperature (0 = greedy)")
-                ui.top_k = gr.Slider(0, 100, 0, step=1, label="Top-k (0 = off)")
-                ui.top_p = gr.Slider(0.01, 1, 1.0, step=0.01, label="Top-p (1 = off)")
-                ui.seed = gr.Number(-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
-                ui.window_mode = gr.Radio(WINDOW_CHOICES, value="exact", label="Past block_size")
-                ui.unk_policy = gr.Radio(UNK_CHOICES, value="error", label="Characters outside the vocabulary")
-        with gr.Column(scale=3):
             with gr.Row():
                 ui.model = gr.Dropdown(
                     [(n if n in registry.available else f"{n} (not available)", n) for n in registry.names],
@@ -152,19 +167,20 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
                     elem_id="backend",
                 )
             ui.model_info = gr.Markdown(elem_id="model-info")
-            ui.output = gr.Textbox(
-                label="Output",
-                lines=16,
-                max_lines=28,
-                interactive=False,
-                autoscroll=True,
-                elem_id="output",
-                buttons=["copy"],
-            )
-            ui.stats = gr.Markdown(elem_id="stats")
-            ui.status = gr.Markdown(elem_id="status")
+            with gr.Accordion("Sampling", open=True):
+                ui.max_new_tokens = gr.Slider(
+                    1, limits.max_new_tokens, DEFAULT_MAX_NEW_TOKENS, step=1, label="Max new tokens",
+                    elem_id="max-new-tokens",
+                )  # fmt: skip
+                ui.temperature = gr.Slider(0, 2, DEFAULT_TEMPERATURE, step=0.05, label="Temperature (0 = greedy)")
+                ui.top_k = gr.Slider(0, 100, 0, step=1, label="Top-k (0 = off)")
+                ui.top_p = gr.Slider(0.01, 1, 1.0, step=0.01, label="Top-p (1 = off)")
+                ui.settings_note = gr.Markdown(elem_id="settings-note")  # a typed value the slider clamped
+                ui.seed = gr.Number(-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
+                ui.window_mode = gr.Radio(WINDOW_CHOICES, value="exact", label="Past block_size")
+                ui.unk_policy = gr.Radio(UNK_CHOICES, value="error", label="Characters outside the vocabulary")
     with gr.Accordion("Attention: what each head looks at in the prompt", open=True):
-        ui.layer = gr.Radio([("layer 0", 0)], value=0, label="Layer", elem_id="layer")
+        ui.layer = gr.Radio([("layer 0", 0)], value=0, label="Layer (numbered from 0)", elem_id="layer")
         ui.heatmap = gr.Image(
             label="Attention heat maps (query position ↓ × key position →)",
             show_label=False,
@@ -180,12 +196,13 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
     ui.compare_ticket = gr.Textbox(visible="hidden", elem_id="compare-ticket")
     with gr.Accordion("Compare the ladder: what each lesson component buys", open=False):
         gr.Markdown(
-            "Runs the prompt, seed and sampling settings above through every stage of the lesson's ladder "
-            "(A–E), side by side. Set a seed to make it repeatable."
+            f"Runs the prompt, seed and sampling settings above through the default model (`{handlers.default_model}`) "
+            "and every stage of the lesson's ladder (A–E), side by side. Set a seed to make it repeatable."
         )
         ui.compare_btn = gr.Button("Compare the ladder", elem_id="compare-btn")
+        ui.compare_status = gr.Markdown(elem_id="compare-status")
         with gr.Row():
-            ui.ladder_outputs = [
+            ui.compare_outputs = [
                 gr.Textbox(
                     label=ladder_label(n, registry),
                     lines=12,
@@ -193,48 +210,79 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
                     elem_classes="ladder",
                     elem_id=f"compare-{n}",
                 )
-                for n in handlers.ladder
+                for n in handlers.compared
             ]
-        ui.compare_status = gr.Markdown()
     ui.form = [getattr(ui, name) for name in FIELDS]
     return ui
 
 
 def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurrency: int) -> None:
-    """The events: the page's runs (private) and the public /generate API, in one concurrency group."""
+    """The events: the page's runs (private) and the public /generate API, in one concurrency group.
+
+    Progress is drawn only where it belongs (`show_progress_on`): Gradio puts an event's timer ("0.2s") into each
+    of its outputs otherwise, even with `show_progress="hidden"` (it is then transparent, but part of the text)."""
     stream_group = dict(concurrency_limit=concurrency, concurrency_id="generation")
     private = dict(api_visibility="private")
-    # Streams show no progress overlay: the status line and the live stats say a run is on, and drawing the
-    # overlay delays the first characters by ~150 ms in a browser on a busy 2-core machine.
-    gen_event = ui.generate_btn.click(None, None, ui.gen_ticket, js=NEW_TICKET_JS, queue=False, **private).then(
+    # A run starts in the browser (no server call): a new ticket, Stop enabled, and for Generate the attention
+    # view of the previous prompt cleared. Streams show no progress overlay: the status line and the live stats
+    # say a run is on, and drawing the overlay delays the first characters by ~150 ms on a busy 2-core machine.
+    gen_event = ui.generate_btn.click(
+        None, None, [ui.gen_ticket, ui.stop_btn, ui.heatmap, ui.caption], js=START_GENERATE_JS, queue=False, **private
+    ).then(
         handlers.ui_generate,
         [ui.gen_ticket, *ui.form],
         [ui.output, ui.stats, ui.status],
         show_progress="hidden",
+        show_progress_on=ui.output,
         **private,
         **stream_group,
     )
+    gen_event.then(handlers.ui_run_ended, None, ui.stop_btn, queue=False, show_progress="hidden", **private)
     gen_event.then(  # also after Stop: the view is of the prompt
         handlers.ui_attention,
-        [ui.prompt, ui.model, ui.unk_policy, ui.layer],
+        [ui.prompt, ui.model, ui.unk_policy, ui.layer, ui.status],
         [ui.heatmap, ui.attention_state, ui.layer, ui.caption],
         concurrency_limit=concurrency,
         concurrency_id="attention",
         show_progress="minimal",
+        show_progress_on=ui.heatmap,
         **private,
     )
-    ui.layer.input(handlers.ui_layer, [ui.attention_state, ui.layer], [ui.heatmap, ui.caption], queue=False, **private)
-    ui.compare_btn.click(None, None, ui.compare_ticket, js=NEW_TICKET_JS, queue=False, **private).then(
+    ui.layer.input(
+        handlers.ui_layer,
+        [ui.attention_state, ui.layer],
+        [ui.heatmap, ui.caption],
+        queue=False,
+        show_progress="minimal",
+        show_progress_on=ui.heatmap,
+        **private,
+    )
+    compare_event = ui.compare_btn.click(
+        None, None, [ui.compare_ticket, ui.stop_btn], js=START_COMPARE_JS, queue=False, **private
+    ).then(
         handlers.ui_compare,
         [ui.compare_ticket, *ui.form],
-        [*ui.ladder_outputs, ui.compare_status],
+        [*ui.compare_outputs, ui.compare_status],
         show_progress="hidden",
+        show_progress_on=ui.compare_outputs,
         **private,
         **stream_group,
     )
+    compare_event.then(handlers.ui_run_ended, None, ui.stop_btn, queue=False, show_progress="hidden", **private)
     ui.stop_btn.click(handlers.ui_stop, [ui.gen_ticket, ui.compare_ticket], None, queue=False, **private)
+    for slider in (ui.max_new_tokens, ui.temperature, ui.top_k, ui.top_p):
+        note = range_note_js(slider.label, slider.minimum, slider.maximum)
+        slider.input(None, slider, ui.settings_note, js=note, queue=False, trigger_mode="always_last", **private)
     for trigger in (ui.model.change, ui.backend.change, demo.load):
-        trigger(handlers.ui_model_info, [ui.model, ui.backend], ui.model_info, queue=False, **private)
+        trigger(
+            handlers.ui_model_info,
+            [ui.model, ui.backend],
+            ui.model_info,
+            queue=False,
+            show_progress="hidden",
+            show_progress_on=ui.model,
+            **private,
+        )
     api = gr.api(handlers.api_generate(), api_name="generate", **stream_group)
     describe_parameters(demo.fns[api["id"]])
 

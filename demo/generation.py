@@ -35,6 +35,11 @@ from gpt_serve.vocab import UNK_POLICIES
 MAX_SEED = 2**32 - 1
 
 
+def plural(n: int, noun: str) -> str:
+    """'1 layer', '4 layers', '2,000 tokens'."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one request may ask for; beyond these the demo answers with an error instead of working for minutes."""
@@ -71,6 +76,12 @@ class Progress:
     decode_seconds: float  # seconds from the first token to the latest one
     done: bool = False
     stopped: bool = False  # ended early because the user asked (`should_stop`)
+    block_size: int | None = None  # the model's window
+
+    @property
+    def past_block_size(self) -> bool:
+        """Whether prompt and text no longer fit the model's window: it now reads only the last block_size."""
+        return self.block_size is not None and len(self.prompt) + self.tokens > self.block_size
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -234,6 +245,11 @@ class StopRequests:
             tickets = [t for key, t in self._current.items() if key[0] == session]
         self.stop(*tickets)
 
+    def has_runs(self, session: object) -> bool:
+        """Whether a run that `supersede` registered for a page session is still on (not yet `forget`-ed)."""
+        with self._lock:
+            return any(key[0] == session for key in self._current)
+
     def is_stopped(self, ticket: str | None) -> bool:
         return self.valid(ticket) and ticket in self._stopped
 
@@ -263,8 +279,9 @@ def encode_prompt(vocab, prompt: str, unk_policy: str) -> list[int]:
         shown = ", ".join(f"{c!r} (position {i})" for i, c in unknown[:10])
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
         raise RequestError(
-            f"the prompt has {len(unknown)} character(s) outside this model's vocabulary: {shown}{more}. Remove "
-            f"them, or choose to replace them with a space ('Unknown characters'; unk_policy='replace' in the API)"
+            f"the prompt has {plural(len(unknown), 'character')} outside this model's vocabulary: {shown}{more}. "
+            f"Remove them, or choose to replace them with a space ('Characters outside the vocabulary'; "
+            f"unk_policy='replace' in the API)"
         ) from None
     if not ids:
         raise RequestError("the prompt has no character left once the unknown ones are dropped")
@@ -289,13 +306,13 @@ def stream_progress(
     start = clock()
     loaded = registry.backend(request.model, request.backend)
     ids = encode_prompt(loaded.vocab, request.prompt, request.unk_policy)
-    prompt = loaded.vocab.decode(ids)
+    prompt, block_size = loaded.vocab.decode(ids), loaded.block_size
     scheduler = registry.scheduler(request.model, request.backend)
     activity = activity or Activity()
     activity.begin()
     text, first_at, now, stopped, stream = "", None, start, False, None
     try:
-        yield Progress(prompt, "", 0, None, clock() - start, 0.0)
+        yield Progress(prompt, "", 0, None, clock() - start, 0.0, block_size=block_size)
         stopped = should_stop is not None and should_stop()
         if not stopped:
             job = Request(ids, request.max_new_tokens, request.sampling, request.seed, request.window_mode)
@@ -309,7 +326,9 @@ def stream_progress(
                 first_at = now if first_at is None else first_at
                 text += loaded.vocab.decode([token])
                 activity.token()
-                yield Progress(prompt, text, len(text), first_at - start, now - start, now - first_at)
+                yield Progress(
+                    prompt, text, len(text), first_at - start, now - start, now - first_at, block_size=block_size
+                )
                 if should_stop is not None and should_stop():
                     stopped = True
                     break
@@ -317,7 +336,9 @@ def stream_progress(
                 time.sleep(poll_interval)  # let tokens pile up: one wake-up per interval, not one per token
         ttft = None if first_at is None else first_at - start
         decode = now - (first_at or now)
-        yield Progress(prompt, text, len(text), ttft, clock() - start, decode, done=True, stopped=stopped)
+        yield Progress(
+            prompt, text, len(text), ttft, clock() - start, decode, done=True, stopped=stopped, block_size=block_size
+        )
     finally:
         if stream is not None:
             stream.cancel()  # the row leaves the batch before the next step (a no-op once finished)

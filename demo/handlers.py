@@ -17,15 +17,14 @@ import gradio as gr
 
 from gpt_serve.generation import BACKENDS, WINDOW_MODES
 from gpt_serve.generation.registry import LADDER_MODELS, ModelRegistry, RequestError
-from gpt_serve.models import LADDER
 from gpt_serve.vocab import UNK_POLICIES
 
 from .attention import prompt_attention, render_heads
+from .captions import FAILED, attention_caption, compare_status, model_line, stats_line
 from .generation import (
     Activity,
     GenerationRequest,
     Limits,
-    Progress,
     StopRequests,
     encode_prompt,
     parse_request,
@@ -38,37 +37,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_NEW_TOKENS = 300
 DEFAULT_TEMPERATURE = 0.8
-
-
-def format_stats(p: Progress, request: GenerationRequest) -> str:
-    ttft = "…" if p.time_to_first_token is None else f"{p.time_to_first_token * 1000:.0f} ms"
-    speed = "…" if p.tokens_per_second is None else f"{p.tokens_per_second:.0f}"
-    seed = f"{request.seed} (random)" if request.seed_was_random else str(request.seed)
-    return (
-        f"**{p.tokens}** / {request.max_new_tokens} tokens · **{speed}** tokens/s · first token **{ttft}** · "
-        f"{BACKENDS[request.backend]} · model `{request.model}` · seed {seed}"
-    )
-
-
-def attention_caption(weights, layer: int) -> str:
-    n_layer, n_head, T, _ = weights.shape
-    return (
-        f"Layer {layer} of {n_layer} · {n_head} heads · the last {T} prompt characters. Row t: how query position t "
-        f"spreads its attention over key positions 0..t (rows sum to 1; colour = √weight; grey = future positions, "
-        f"masked)."
-    )
-
-
-def ladder_label(name: str, registry: ModelRegistry) -> str:
-    """'A: one self-attention head · val loss 2.40': what the stage adds and the validation loss its training
-    reached (when the folder has metrics)."""
-    stage = name.rsplit("-", 1)[-1].upper()
-    label = f"{stage}: {LADDER.get(name, name)}"
-    try:
-        loss = registry.info(name)["val_loss"]
-    except RequestError:
-        return f"{label} (not available)"
-    return label if loss is None else f"{label} · val loss {loss:.2f}"
 
 
 class DemoHandlers:
@@ -96,7 +64,8 @@ class DemoHandlers:
         self.stream_interval = stream_interval
         self.default_model, self.default_backend = default_model, default_backend
         self.stops = StopRequests()
-        self.ladder = [n for n in LADDER_MODELS if n in registry.names]
+        # the comparison's columns: the default model, then the ladder's stages A-E
+        self.compared = list(dict.fromkeys([default_model, *(n for n in LADDER_MODELS if n in registry.names)]))
 
     def _parse(self, form) -> GenerationRequest:
         """Checks the request fields (`FIELDS`, in order); None for backend and model means the defaults."""
@@ -178,7 +147,9 @@ class DemoHandlers:
         return generate
 
     def ui_generate(self, page: gr.Request, ticket: str | None, *form):
-        """The Generate button (`form`: the `FIELDS`): yields (output: prompt + text so far, stats, status)."""
+        """The Generate button (`form`: the `FIELDS`): yields (output: prompt + text so far, stats, status). A bad
+        request or a failure is said once, in the status line (starting with `FAILED`); the output keeps the
+        previous text."""
         if page is not None:
             self.stops.supersede((page.session_hash, "generate"), ticket)
         try:
@@ -192,83 +163,72 @@ class DemoHandlers:
             )
             for p in throttle(progress, self.stream_interval):
                 status = "Stopped." if p.stopped else "Done." if p.done else "Generating…"
-                yield p.prompt + p.text, format_stats(p, request) if p.tokens or p.done else "", status
+                yield p.prompt + p.text, stats_line(p, request) if p.tokens or p.done else "", status
         except RequestError as e:
-            gr.Warning(str(e))
-            yield gr.skip(), "", f"⚠️ {e}"
+            yield gr.skip(), "", f"{FAILED} {e}"
         except Exception as e:
             logger.exception("generation failed")
-            yield gr.skip(), "", f"⚠️ generation failed: {type(e).__name__}: {e}"
+            yield gr.skip(), "", f"{FAILED} generation failed: {type(e).__name__}: {e}"
         finally:
             self.stops.forget(ticket)
 
-    def ui_attention(self, prompt, model, unk_policy, layer):
+    def ui_attention(self, prompt, model, unk_policy, layer, status):
         """After a run: (heat maps of `layer`, the view's state for the layer selector, layer choices, caption).
 
-        The state is what the view was computed from (the model and the last `block_size` ids), not the weights:
-        the layer selector recomputes them, so a page session keeps a few hundred bytes on the server."""
-        if not isinstance(prompt, str) or not prompt:
-            return None, None, gr.skip(), ""
-        if len(prompt) > self.limits.max_prompt_chars:
-            return (
-                None,
-                None,
-                gr.skip(),
-                f"No attention view: the prompt is over {self.limits.max_prompt_chars:,} characters",
-            )
+        After a failed run (`status` starts with `FAILED`) the view stays empty: the status line says why. The
+        state is what the view was computed from (the model and the last `block_size` ids), not the weights: the
+        layer selector recomputes them, so a page session keeps a few hundred bytes on the server."""
+        empty = None, None, gr.skip(), ""
+        if not isinstance(prompt, str) or not prompt or len(prompt) > self.limits.max_prompt_chars:
+            return empty
+        if not isinstance(status, str) or status.startswith(FAILED):
+            return empty
         try:
             name = self.registry.resolve_model(model)
             loaded = self.registry.backend(name, "torch")
             ids = encode_prompt(loaded.vocab, prompt, unk_policy if unk_policy in ("replace", "drop") else "error")
             state = (name, tuple(ids[-loaded.block_size :]))
-            weights = self._attention(state)
+            n_layer = loaded.backend.pretrained.config.n_layer
+            layer = layer if isinstance(layer, int) and 0 <= layer < n_layer else 0
+            image, caption = self._view(state, layer)
         except RequestError as e:
             return None, None, gr.skip(), f"No attention view: {e}"
         except ImportError as e:  # an ONNX-only install: the view needs the PyTorch model
             return None, None, gr.skip(), f"No attention view: it needs PyTorch ({e})"
-        n_layer = len(weights)
-        layer = layer if isinstance(layer, int) and 0 <= layer < n_layer else 0
         layers = gr.Radio(choices=[(f"layer {i}", i) for i in range(n_layer)], value=layer)
-        return render_heads(weights[layer]), state, layers, attention_caption(weights, layer)
+        return image, state, layers, caption
 
     def ui_layer(self, state, layer):
         """The layer selector: (heat maps, caption) of another layer of the view `ui_attention` computed."""
         if not (isinstance(state, tuple) and len(state) == 2) or isinstance(layer, bool) or not isinstance(layer, int):
             return gr.skip(), gr.skip()
         try:
-            weights = self._attention(state)
-        except (RequestError, ImportError):
+            return self._view(state, layer)
+        except (RequestError, ImportError, IndexError):
             return gr.skip(), gr.skip()
-        if not 0 <= layer < len(weights):
-            return gr.skip(), gr.skip()
-        return render_heads(weights[layer]), attention_caption(weights, layer)
 
-    def _attention(self, state: tuple[str, tuple[int, ...]]):
-        """The attention weights of `state` = (model, ids), computed on the model's decode-loop thread (the one
-        that runs it, see `Scheduler.call`)."""
+    def _view(self, state: tuple[str, tuple[int, ...]], layer: int):
+        """(heat maps, caption) of `layer` of `state` = (model, ids); the weights are computed on the model's
+        decode-loop thread (the one that runs it, see `Scheduler.call`). IndexError for a layer it does not have."""
         name, ids = state
-        model = self.registry.backend(name, "torch").backend.pretrained
-        return self.registry.scheduler(name, "torch").call(prompt_attention, model, list(ids))
+        loaded = self.registry.backend(name, "torch")
+        weights = self.registry.scheduler(name, "torch").call(prompt_attention, loaded.backend.pretrained, list(ids))
+        if not 0 <= layer < len(weights):
+            raise IndexError(f"layer {layer} of a model with {len(weights)}")
+        n_layer, n_head, _, _ = weights.shape
+        chars = loaded.vocab.decode(list(ids))
+        return render_heads(weights[layer], chars), attention_caption(n_layer, n_head, layer, chars)
 
     def ui_model_info(self, model, backend):
         """One line about the selected model, and whether the selected backend can serve it."""
-        try:
-            info = self.registry.info(model)
-        except RequestError as e:
-            return f"⚠️ {e}"
-        reason = self.registry.unavailable_reason(model, backend)
-        ready = f"⚠️ {reason}" if reason else f"{BACKENDS[backend]} ✓"
-        loss = "" if info["val_loss"] is None else f", validation loss {info['val_loss']:.3f}"
-        return (
-            f"`{model}`: {info['n_layer']} layers × {info['n_head']} heads, n_embd {info['n_embd']}, "
-            f"block_size {info['block_size']}{loss} · {ready}"
-        )
+        return model_line(self.registry, model, backend)
 
     def ui_compare(self, page: gr.Request, ticket: str | None, *form):
-        """Compare the ladder (`form`: the `FIELDS`, its model ignored): yields (one text per stage..., status)."""
+        """Compare the ladder (`form`: the `FIELDS`, its model ignored): yields (one text per column of `compared`...,
+        status: the prompt and seed they all got)."""
         if page is not None:
             self.stops.supersede((page.session_hash, "compare"), ticket)
-        skip_all = [gr.skip()] * len(self.ladder)
+        skip_all = [gr.skip()] * len(self.compared)
         try:
             base = self._parse(form)
             streams = [
@@ -279,14 +239,14 @@ class DemoHandlers:
                     self.activity,
                     should_stop=lambda: self.stops.is_stopped(ticket),
                 )
-                for name in self.ladder
+                for name in self.compared
             ]
-            settings = f"same prompt, seed {base.seed} and settings through every stage"
             for texts in stream_side_by_side(streams, self.stream_interval):
-                yield *texts, f"Running: {settings}…"
-            yield *skip_all, "Stopped." if self.stops.is_stopped(ticket) else f"Done: {settings}."
+                yield *texts, compare_status(base.prompt, base.seed, "Running…")
+            end = "Stopped" if self.stops.is_stopped(ticket) else "Done"
+            yield *skip_all, compare_status(base.prompt, base.seed, end)
         except RequestError as e:
-            yield *skip_all, f"⚠️ {e}"
+            yield *skip_all, f"{FAILED} {e}"
         finally:
             self.stops.forget(ticket)
 
@@ -295,6 +255,11 @@ class DemoHandlers:
         self.stops.stop(generate_ticket, compare_ticket)  # runs still waiting in the queue
         if page is not None:
             self.stops.stop_page(page.session_hash)  # and the page's running ones, whichever ticket it holds now
+
+    def ui_run_ended(self, page: gr.Request = None):
+        """After a run of the page (generate or compare): Stop stays enabled only while another of its runs is on.
+        (The page enables Stop when a run is asked for; a run still waiting in the queue is not counted here.)"""
+        return gr.Button(interactive=page is not None and self.stops.has_runs(page.session_hash))
 
 
 # The fields of a generation request, in the order the UI and `_parse` pass them: the /generate API's parameters.

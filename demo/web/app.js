@@ -12,6 +12,7 @@ import { encodePrompt, generateTokens } from "./engine.js";
 import { FieldError, readForm } from "./form.js";
 import { loadModel, ModelError, ONNX_FILES } from "./model.js";
 import { randomSeed } from "./rng.js";
+import { plural } from "./vocab.js";
 
 const ORT_DIR = new URL("ort/", import.meta.url);
 const ORT_MODULE = "ort.wasm.min.mjs"; // onnxruntime-web's WASM-only build; it loads its .wasm from ORT_DIR
@@ -164,7 +165,8 @@ function describe(model, seconds) {
   const kind = onnxFile === ONNX_FILES[0] ? "int8" : "fp32";
   return (
     `Model ready (${kind} ONNX from ${model.base}, loaded in ${seconds.toFixed(1)} s): block_size ` +
-    `${model.blockSize}, ${model.vocabSize} characters, ${model.nLayer} layers × ${model.nHead} heads; ` +
+    `${model.blockSize}, ${plural(model.vocabSize, "character")}, ${plural(model.nLayer, "layer")} × ` +
+    `${plural(model.nHead, "head")}; ` +
     "onnxruntime-web, WebAssembly, 1 thread."
   );
 }

@@ -1,12 +1,17 @@
 // The character vocabulary of a model folder's vocab.json ({character: id}), as gpt_serve/vocab.py reads it:
 // id = rank, one character per token. Unknown characters are an error that names them (the Python "error" policy).
 
+/** "1 character", "2 characters" */
+export function plural(n, noun) {
+  return `${n} ${noun}${n === 1 ? "" : "s"}`;
+}
+
 export class UnknownCharactersError extends Error {
   constructor(unknown) {
     const shown = unknown.slice(0, 10).map(([i, c]) => `${pyRepr(c)} (position ${i})`).join(", ");
     const more = unknown.length > 10 ? ` and ${unknown.length - 10} more` : "";
     super(
-      `the prompt has ${unknown.length} character(s) outside this model's vocabulary: ${shown}${more}. ` +
+      `the prompt has ${plural(unknown.length, "character")} outside this model's vocabulary: ${shown}${more}. ` +
         "Remove them or replace them with characters the model knows.",
     );
     this.name = "UnknownCharactersError";

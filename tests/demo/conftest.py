@@ -75,6 +75,38 @@ def server(registry):
         yield SimpleNamespace(url=url.rstrip("/"), demo=blocks, activity=activity)
 
 
+# a good request to the tiny model (the /generate parameters); tests change one field at a time
+GOOD = dict(
+    prompt="ROMEO:",
+    max_new_tokens=40,
+    temperature=1.0,
+    top_k=None,
+    top_p=1.0,
+    seed=3,
+    backend="torch",
+    model="tiny",
+    window_mode="exact",
+    unk_policy="error",
+)
+
+
+def form(**changes) -> list:
+    """The UI's inputs (in `FIELDS` order): GOOD with `changes`."""
+    from demo.handlers import FIELDS
+
+    values = {**GOOD, **changes}
+    return [values[name] for name in FIELDS]
+
+
+@pytest.fixture(scope="module")
+def handlers(registry):
+    """The app's event functions, streaming every token (no throttle), without a server."""
+    from demo.app import build_demo
+    from demo.generation import Limits
+
+    return build_demo(registry, default_model="tiny", stream_interval=0.0, limits=Limits(max_new_tokens=500)).handlers
+
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
     "--no-sandbox",

@@ -1,14 +1,16 @@
 """The demo in a real browser: Debian's headless Chromium driven by Playwright for Python.
 
 Loads the page, types a prompt, generates, watches the output grow, stops it (and checks the server stopped
-computing), sees the attention heat map, sees a bad prompt's message, and checks that closing the page mid-stream
-stops the server's generation loop. Saves a screenshot in the test's tmp folder (GPT_SERVE_SCREENSHOT=PATH also
-copies it there).
+computing), sees the attention heat map and its labelled caption, sees it cleared when the next run starts, sees a
+bad prompt's message once, a clamped value's note, the layout at phone width, and checks that closing the page
+mid-stream stops the server's generation loop. Saves a screenshot in the test's tmp folder (GPT_SERVE_SCREENSHOT=PATH
+also copies it there).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 
@@ -19,8 +21,11 @@ from tests.demo.conftest import wait_idle, wait_until
 pytestmark = pytest.mark.browser
 
 
-def open_demo(browser, url: str):
-    page = browser.new_page(viewport={"width": 1280, "height": 1400})
+TIMER = re.compile(r"\d\.\ds|processing")  # Gradio's progress text ("0.2s", "processing | 0.1s")
+
+
+def open_demo(browser, url: str, width: int = 1280):
+    page = browser.new_page(viewport={"width": width, "height": 1400})
     page.set_default_timeout(15_000)
     page.goto(url)
     page.locator("#prompt textarea").wait_for(state="visible")
@@ -38,20 +43,41 @@ def start_generation(page, prompt: str, max_new_tokens: int) -> None:
     page.locator("#generate-btn").click()
 
 
+RECORD_TEXTS = """ids => {
+  window.seenTexts = new Set();
+  const record = () => ids.forEach(id => window.seenTexts.add(document.getElementById(id)?.innerText ?? ""));
+  new MutationObserver(record).observe(document.body, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def record_texts(page, *elem_ids: str) -> None:
+    """From now on the page keeps every text those elements show, however briefly (`seen_texts`)."""
+    page.evaluate(RECORD_TEXTS, list(elem_ids))
+
+
+def seen_texts(page) -> list[str]:
+    return page.evaluate("() => [...window.seenTexts]")
+
+
 def test_generate_stream_stop_and_attention(chromium, server, tmp_path):
     wait_idle(server.activity)
     page = open_demo(chromium, server.url)
+    stop = page.locator("#stop-btn")
+    assert stop.is_disabled(), "Stop looks active before anything runs"
+    record_texts(page, "stats", "status", "attention-caption")
     start_generation(page, "ROMEO:", 20_000)
 
     assert wait_until(lambda: output_length(page) > len("ROMEO:") + 5, timeout=15), "no output appeared"
+    assert stop.is_enabled()
     lengths = [output_length(page)]
     for _ in range(3):
         time.sleep(0.3)
         lengths.append(output_length(page))
     assert lengths == sorted(lengths) and lengths[-1] > lengths[0], f"the output did not grow: {lengths}"
     assert "tokens/s" in page.locator("#stats").inner_text()
+    assert "passed block_size (16): exact mode" in page.locator("#stats").inner_text()
 
-    page.locator("#stop-btn").click()
+    stop.click()
     assert wait_until(lambda: server.activity.snapshot()["active"] == 0, timeout=1.0), "the server kept generating"
     tokens = server.activity.snapshot()["tokens"]
     assert wait_until(lambda: page.locator("#status").inner_text() == "Stopped.", timeout=10)
@@ -61,32 +87,73 @@ def test_generate_stream_stop_and_attention(chromium, server, tmp_path):
     assert server.activity.snapshot()["tokens"] == tokens, "tokens were generated after Stop"
     assert len("ROMEO:") < shown < len("ROMEO:") + 20_000
     assert page.locator(".error").count() == 0, "an output shows an error state"
+    assert wait_until(stop.is_disabled, timeout=5), "Stop stays active after the run"
 
     heatmap = page.locator("#attention img")
     heatmap.wait_for(state="visible")
     assert wait_until(lambda: heatmap.evaluate("img => img.complete && img.naturalWidth > 0"), timeout=10)
     caption = page.locator("#attention-caption")
-    assert "Layer 0 of 2 · 4 heads · the last 6 prompt characters" in caption.inner_text()
+    # the characters drawn on the axes, as the caption names them
+    assert wait_until(lambda: "Layer 0 (of layers 0–1) · heads 0–3" in caption.inner_text(), timeout=5)
+    assert "the last 6 prompt characters on both axes: ROMEO: (query ↓, key →)" in caption.inner_text()
     before = heatmap.get_attribute("src")
     page.locator("#layer label", has_text="layer 1").click()
-    assert wait_until(lambda: "Layer 1 of 2" in caption.inner_text(), timeout=5)
+    assert wait_until(lambda: "Layer 1 (of layers 0–1)" in caption.inner_text(), timeout=5)
     assert wait_until(lambda: heatmap.get_attribute("src") != before, timeout=5)
+    leaked = [text for text in seen_texts(page) if TIMER.search(text)]
+    assert not leaked, f"progress text in the stats, status or caption: {leaked}"
 
     screenshot = tmp_path / "demo.png"
     page.screenshot(path=str(screenshot), full_page=True)
     assert screenshot.stat().st_size > 10_000
     if os.environ.get("GPT_SERVE_SCREENSHOT"):
         shutil.copy(screenshot, os.environ["GPT_SERVE_SCREENSHOT"])
+
+    # the next run clears the view of the previous prompt at once, and draws the new one when it ends
+    start_generation(page, "JULIET:\nO Romeo", 20_000)
+    assert wait_until(lambda: heatmap.count() == 0, timeout=2), "the previous prompt's heat maps stay on"
+    assert caption.inner_text().startswith("⏳ The attention view of the prompt is drawn when this run ends")
+    assert wait_until(lambda: output_length(page) > 30, timeout=15)
+    stop.click()
+    assert wait_until(lambda: "on both axes: JULIET:↵O·Romeo" in caption.inner_text(), timeout=10)
     page.close()
 
 
-def test_bad_prompt_shows_a_clear_message(chromium, server):
+def test_bad_prompt_shows_a_clear_message_once(chromium, server):
     page = open_demo(chromium, server.url)
     start_generation(page, "ROMEO: ¿qué?", 50)
     status = page.locator("#status")
     assert wait_until(lambda: "outside this model's vocabulary" in status.inner_text(), timeout=10)
     assert "'¿' (position 7)" in status.inner_text() and "'é' (position 10)" in status.inner_text()
     page.locator("#generate-btn").wait_for(state="visible")
+    assert wait_until(page.locator("#stop-btn").is_disabled, timeout=5)
+    time.sleep(0.5)  # the attention step has run: it adds nothing
+    assert page.locator("#attention-caption").inner_text() == "" and page.locator(".toast-item").count() == 0
+    page.close()
+
+
+def test_a_clamped_value_gets_a_note(chromium, server):
+    page = open_demo(chromium, server.url)
+    box = page.locator("#max-new-tokens input[type=number]")
+    box.fill("999999")
+    note = page.locator("#settings-note")
+    assert wait_until(lambda: "Max new tokens goes from 1 to 20000: 999999 becomes 20000." in note.inner_text(), 5)
+    page.locator("#prompt textarea").click()  # the box loses focus: the slider clamps the value
+    assert box.input_value() == "20000"
+    box.fill("50")
+    assert wait_until(lambda: note.inner_text() == "", timeout=5)
+    page.close()
+
+
+def test_at_phone_width_the_prompt_and_output_come_before_the_settings(chromium, server):
+    page = open_demo(chromium, server.url, width=390)
+
+    def top(selector: str) -> float:
+        return page.locator(selector).bounding_box()["y"]
+
+    assert top("#prompt") < top("#generate-btn") < top("#output") < top("#max-new-tokens") < top("#attention")
+    page.get_by_text("Compare the ladder: what each lesson component buys").click()
+    assert "tiny: 2 layers × 4 heads" in page.locator("#compare-tiny").inner_text()  # the default model's column
     page.close()
 
 

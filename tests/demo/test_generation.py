@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import warnings
 
 import gradio as gr
 import pytest
 
-from demo.app import build_demo
 from demo.generation import (
     Activity,
     Limits,
@@ -21,33 +21,8 @@ from demo.generation import (
     stream_side_by_side,
     throttle,
 )
-from demo.handlers import FIELDS
 from gpt_serve.generation import LoadedModel, SamplingParams, generate_text
-
-GOOD = dict(
-    prompt="ROMEO:",
-    max_new_tokens=40,
-    temperature=1.0,
-    top_k=None,
-    top_p=1.0,
-    seed=3,
-    backend="torch",
-    model="tiny",
-    window_mode="exact",
-    unk_policy="error",
-)
-
-
-def form(**changes) -> list:
-    """The UI's inputs (in `FIELDS` order): GOOD with `changes`."""
-    values = {**GOOD, **changes}
-    return [values[name] for name in FIELDS]
-
-
-@pytest.fixture(scope="module")
-def handlers(registry):
-    """The app's event functions, streaming every token (no throttle)."""
-    return build_demo(registry, default_model="tiny", stream_interval=0.0, limits=Limits(max_new_tokens=500)).handlers
+from tests.demo.conftest import GOOD, form
 
 
 def test_generate_yields_growing_prefixes_and_ends_at_requested_length(handlers):
@@ -142,7 +117,8 @@ def test_closing_the_stream_stops_the_compute(registry):
 
 BAD_INPUTS = [
     (dict(prompt=""), "the prompt is empty"),
-    (dict(prompt="ROMEO: é ü"), "2 character(s) outside this model's vocabulary: 'é' (position 7), 'ü' (position 9)"),
+    (dict(prompt="ROMEO: é ü"), "2 characters outside this model's vocabulary: 'é' (position 7), 'ü' (position 9)"),
+    (dict(prompt="ROMEO: é"), "the prompt has 1 character outside this model's vocabulary: 'é' (position 7)."),
     (dict(prompt="x" * 10_001), "the prompt is 10001 characters long; the limit is 10000"),
     (dict(prompt=None), "prompt must be text"),
     (dict(max_new_tokens=10**9), "max_new_tokens must be in [1, 500]"),
@@ -172,9 +148,12 @@ def test_bad_input_gets_a_clear_error(handlers, bad, message):
     with pytest.raises(gr.Error) as api_error:
         list(handlers.generate(**kwargs))
     assert message in api_error.value.message
-    # the UI shows the same message in its status line and keeps the previous output
-    with pytest.warns(UserWarning):  # gr.Warning outside a request becomes a Python warning
+    # the UI shows the same message once, in its status line (no toast: gr.Warning outside a request would be a
+    # Python warning, an error here), and keeps the previous output
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         updates = list(handlers.ui_generate(None, None, *form(**bad)))
+    assert updates == [(gr.skip(), "", updates[-1][2])]
     assert updates[-1][2].startswith("⚠️") and message in updates[-1][2]
 
 
@@ -210,13 +189,15 @@ def test_side_by_side_streams_every_stage(registry):
     assert final[0] != final[2]  # different models, same seed
 
 
-def test_ui_compare_runs_the_ladder(handlers):
-    updates = list(handlers.ui_compare(None, None, *form(max_new_tokens=12, seed=5)))
-    a, b, c, d, e, _ = updates[-2]
+def test_ui_compare_runs_the_default_model_and_the_ladder(handlers):
+    assert handlers.compared == ["tiny", "ladder-a", "ladder-b", "ladder-c", "ladder-d", "ladder-e"]
+    updates = list(handlers.ui_compare(None, None, *form(prompt="JULIET:\nO Romeo", max_new_tokens=12, seed=5)))
+    default, a, b, c, d, e, running = updates[-2]
     status = updates[-1][-1]  # the last update changes only the status
-    assert len(a) == len(b) == 12
+    assert len(default) == len(a) == len(b) == 12
     assert all("'ladder-" in t and "is not available" in t for t in (c, d, e))
-    assert status == "Done: same prompt, seed 5 and settings through every stage."
+    assert running == "Running…: prompt `JULIET:↵O Romeo` · seed 5 · the same settings in every column."
+    assert status == "Done: prompt `JULIET:↵O Romeo` · seed 5 · the same settings in every column."
 
 
 def test_backends_load_once_and_are_shared(models_root):
@@ -262,16 +243,20 @@ def test_a_run_stopped_before_it_starts_generates_nothing(handlers):
 def test_stop_ends_the_ladder_comparison(handlers):
     handlers.ui_stop("", "compare-ticket")
     final = list(handlers.ui_compare(None, "compare-ticket", *form(max_new_tokens=100, seed=5)))[-1]
-    assert final[-1] == "Stopped."
+    assert final[-1].startswith("Stopped: prompt `ROMEO:` · seed 5")
 
 
-def test_model_info_and_ladder_labels_show_the_validation_loss(registry):
-    from demo.handlers import ladder_label
+def test_model_info_and_column_labels_show_the_validation_loss(registry):
+    from demo.captions import ladder_label, model_line
 
     assert registry.info("ladder-a") == dict(block_size=8, n_embd=32, n_head=4, n_layer=1, vocab_size=65, val_loss=3.25)
     assert registry.info("tiny")["val_loss"] is None
-    assert ladder_label("ladder-a", registry).endswith("· val loss 3.25")
-    assert ladder_label("ladder-c", registry).endswith("(not available)")
+    assert ladder_label("ladder-a", registry) == "A: one self-attention head · val loss 3.25"
+    assert ladder_label("ladder-c", registry) == "C: + feed-forward Linear -> ReLU after attention (not available)"
+    assert ladder_label("tiny", registry) == "tiny: 2 layers × 4 heads"  # the default model's column
+    assert model_line(registry, "ladder-a", "torch") == (
+        "`ladder-a`: 1 layer × 4 heads, n_embd 32, block_size 8, validation loss 3.250 · PyTorch ✓"
+    )
 
 
 def test_generating_again_in_the_same_page_stops_the_previous_run(handlers):

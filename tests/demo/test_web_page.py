@@ -33,7 +33,7 @@ NEW_TOKENS = 300  # 6 + 300 > block_size 128: both window modes slide past it
 # The largest gap between the best logit and the page's pick that the int8 cross-runtime difference explains (seen
 # from ROMEO:, both modes: 0.0157, at steps where the Python engine's top two logits were that close).
 INT8_NEAR_TIE = 0.05
-UNKNOWN_MESSAGE = "the prompt has 2 character(s) outside this model's vocabulary: '¿' (position 7), 'é' (position 10)."
+UNKNOWN_MESSAGE = "the prompt has 2 characters outside this model's vocabulary: '¿' (position 7), 'é' (position 10)."
 
 
 class QuietHandler(SimpleHTTPRequestHandler):

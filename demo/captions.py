@@ -1,0 +1,115 @@
+"""What the page says in words: the live stats line, the attention view's caption, the model line, the comparison's
+column labels and status, and the note when a slider clamps a typed value. Plain functions of plain values.
+
+Layers and heads are numbered from 0 everywhere on the page (the layer selector, the heat maps' titles, the
+captions), as the model's own modules are; counts say how many.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from gpt_serve.generation import BACKENDS
+from gpt_serve.generation.registry import ModelRegistry, RequestError
+from gpt_serve.models import LADDER
+
+from .attention import VISIBLE, axis_text, label_step
+from .generation import GenerationRequest, Progress, plural
+
+FAILED = "⚠️"  # how the status line starts when a run could not start or failed
+PENDING_CAPTION = "⏳ The attention view of the prompt is drawn when this run ends."
+
+
+def code(text: str) -> str:
+    """`text` as Markdown inline code, whatever backticks it holds."""
+    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    return f"{fence} {text} {fence}" if len(fence) > 1 else f"`{text}`"
+
+
+def numbered(n: int, noun: str) -> str:
+    """'heads 0–5', 'head 0' (the only one): the 0-based numbers the page shows."""
+    return f"{noun} 0" if n == 1 else f"{noun}s 0–{n - 1}"
+
+
+def stats_line(p: Progress, request: GenerationRequest) -> str:
+    """The live stats under the output; past block_size in exact mode, also why it slowed down."""
+    ttft = "…" if p.time_to_first_token is None else f"{p.time_to_first_token * 1000:.0f} ms"
+    speed = "…" if p.tokens_per_second is None else f"{p.tokens_per_second:.0f}"
+    seed = f"{request.seed} (random)" if request.seed_was_random else str(request.seed)
+    line = (
+        f"**{p.tokens:,}** / {plural(request.max_new_tokens, 'token')} · **{speed}** tokens/s · first token "
+        f"**{ttft}** · {BACKENDS[request.backend]} · model `{request.model}` · seed {seed}"
+    )
+    if request.window_mode == "exact" and p.past_block_size:
+        line += (
+            f"  \nSlower since the text passed block_size ({p.block_size}): exact mode reruns the model over the "
+            f"whole window for every token; **refill** (*Past block_size*, under Sampling) restarts the cache "
+            f"instead and stays fast."
+        )
+    return line
+
+
+def attention_caption(n_layer: int, n_head: int, layer: int, chars: str) -> str:
+    """What the heat maps of `layer` show: which layer and heads, the characters on their axes, how to read them."""
+    layers = "the only layer" if n_layer == 1 else f"of {numbered(n_layer, 'layer')}"
+    marks = [f"{VISIBLE[c]} = {name}" for c, name in (("\n", "newline"), (" ", "space"), ("\t", "tab")) if c in chars]
+    step = label_step(len(chars))
+    if step > 1:
+        marks.append(f"one character in {step} labelled")
+    axes = f"; {', '.join(marks)}" if marks else ""
+    return (
+        f"Layer {layer} ({layers}) · {numbered(n_head, 'head')} · the last {plural(len(chars), 'prompt character')} "
+        f"on both axes: {code(axis_text(chars))} (query ↓, key →{axes}). Row t: how query position t spreads its "
+        f"attention over key positions 0..t (each row sums to 1). Colour = √weight, see the scale; translucent "
+        f"grey = future positions, masked."
+    )
+
+
+def model_line(registry: ModelRegistry, model: str, backend: str) -> str:
+    """One line about the selected model, and whether the selected backend can serve it."""
+    try:
+        info = registry.info(model)
+    except RequestError as e:
+        return f"{FAILED} {e}"
+    reason = registry.unavailable_reason(model, backend)
+    ready = f"{FAILED} {reason}" if reason else f"{BACKENDS[backend]} ✓"
+    loss = "" if info["val_loss"] is None else f", validation loss {info['val_loss']:.3f}"
+    return (
+        f"`{model}`: {plural(info['n_layer'], 'layer')} × {plural(info['n_head'], 'head')}, n_embd {info['n_embd']}, "
+        f"block_size {info['block_size']}{loss} · {ready}"
+    )
+
+
+def ladder_label(name: str, registry: ModelRegistry) -> str:
+    """A comparison column's label: 'A: one self-attention head · val loss 2.40' for a ladder stage (what it adds,
+    and the validation loss its training reached when the folder has metrics); 'shakespeare: 4 layers × 6 heads ·
+    val loss 1.48' for another model."""
+    label = f"{name.rsplit('-', 1)[-1].upper()}: {LADDER[name]}" if name in LADDER else name
+    try:
+        info = registry.info(name)
+    except RequestError:
+        return f"{label} (not available)"
+    if name not in LADDER:
+        label += f": {plural(info['n_layer'], 'layer')} × {plural(info['n_head'], 'head')}"
+    return label if info["val_loss"] is None else f"{label} · val loss {info['val_loss']:.2f}"
+
+
+def compare_status(prompt: str, seed: int, state: str) -> str:
+    """'Done: prompt `ROMEO:` · seed 5 · the same settings in every column.' (`state`: Running…, Done, Stopped)."""
+    shown = prompt.replace("\n", "↵")
+    shown = shown if len(shown) <= 80 else shown[:79] + "…"
+    return f"{state}: prompt {code(shown)} · seed {seed} · the same settings in every column."
+
+
+RANGE_NOTE_JS = """(value) => {
+  const [label, lo, hi] = %s;
+  if (typeof value !== "number" || (value >= lo && value <= hi)) return "";
+  return `⚠️ ${label} goes from ${lo} to ${hi}: ${value} becomes ${Math.min(Math.max(value, lo), hi)}.`;
+}"""
+
+
+def range_note_js(label: str, lo: float, hi: float) -> str:
+    """The browser's check of a value typed into a slider's box (its `.input` event, no server call): the slider
+    clamps a value outside [lo, hi] when the box loses focus, without a word; this note says so."""
+    return RANGE_NOTE_JS % json.dumps([label, lo, hi])
