@@ -180,7 +180,10 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
                 ui.window_mode = gr.Radio(WINDOW_CHOICES, value="exact", label="Past block_size")
                 ui.unk_policy = gr.Radio(UNK_CHOICES, value="error", label="Characters outside the vocabulary")
     with gr.Accordion("Attention: what each head looks at in the prompt", open=True):
-        ui.layer = gr.Radio([("layer 0", 0)], value=0, label="Layer (numbered from 0)", elem_id="layer")
+        # Every layer any model has: a page whose session the server evicted (`launch_limits`) falls back to these
+        # choices, and its clicks must still pass Gradio's check; `ui_attention` narrows them to the model's.
+        layers = [(f"layer {i}", i) for i in range(_most_layers(registry))]
+        ui.layer = gr.Radio(layers, value=0, label="Layer (numbered from 0)", elem_id="layer")
         ui.heatmap = gr.Image(
             label="Attention heat maps (query position ↓ × key position →)",
             show_label=False,
@@ -248,11 +251,12 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
         show_progress_on=ui.heatmap,
         **private,
     )
-    ui.layer.input(
+    ui.layer.input(  # queued with the attention view: it runs the model on the decode loop's thread
         handlers.ui_layer,
         [ui.attention_state, ui.layer],
         [ui.heatmap, ui.caption],
-        queue=False,
+        concurrency_limit=concurrency,
+        concurrency_id="attention",
         show_progress="minimal",
         show_progress_on=ui.heatmap,
         **private,
@@ -285,6 +289,17 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
         )
     api = gr.api(handlers.api_generate(), api_name="generate", **stream_group)
     describe_parameters(demo.fns[api["id"]])
+
+
+def _most_layers(registry: ModelRegistry) -> int:
+    """The most layers of any available model (1 when none can be read)."""
+    counts = []
+    for name in registry.available:
+        try:
+            counts.append(int(registry.info(name)["n_layer"]))
+        except (ValueError, TypeError, KeyError):  # a broken config: its own view says so
+            pass
+    return max(counts, default=1)
 
 
 def _explain_bad_inputs(demo: gr.Blocks) -> None:

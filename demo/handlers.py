@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import threading
 import typing
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Literal
 
@@ -36,6 +38,7 @@ from .generation import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_NEW_TOKENS = 300
+ATTENTION_CACHE = 8  # attention views kept for the layer selector (each at most n_layer x n_head x T x T floats)
 DEFAULT_TEMPERATURE = 0.8
 
 
@@ -64,6 +67,8 @@ class DemoHandlers:
         self.stream_interval = stream_interval
         self.default_model, self.default_backend = default_model, default_backend
         self.stops = StopRequests()
+        self._weights: OrderedDict[tuple, object] = OrderedDict()  # (model, ids) -> attention weights, a few
+        self._weights_lock = threading.Lock()
         # the comparison's columns: the default model, then the ladder's stages A-E
         self.compared = list(dict.fromkeys([default_model, *(n for n in LADDER_MODELS if n in registry.names)]))
 
@@ -212,7 +217,15 @@ class DemoHandlers:
         decode-loop thread (the one that runs it, see `Scheduler.call`). IndexError for a layer it does not have."""
         name, ids = state
         loaded = self.registry.backend(name, "torch")
-        weights = self.registry.scheduler(name, "torch").call(prompt_attention, loaded.backend.pretrained, list(ids))
+        weights = self._weights.get(state)
+        if weights is None:
+            weights = self.registry.scheduler(name, "torch").call(
+                prompt_attention, loaded.backend.pretrained, list(ids)
+            )
+            with self._weights_lock:
+                self._weights[state] = weights
+                while len(self._weights) > ATTENTION_CACHE:  # the last few views: switching layers reruns nothing
+                    self._weights.popitem(last=False)
         if not 0 <= layer < len(weights):
             raise IndexError(f"layer {layer} of a model with {len(weights)}")
         n_layer, n_head, _, _ = weights.shape
