@@ -48,11 +48,15 @@ export async function loadModel(ort, modelUrl, onnxFile = ONNX_FILES[0]) {
     throw new ModelError(`?model= must be the URL of a model folder, got '${modelUrl}'`);
   }
   const file = ONNX_SUBDIR + onnxFile;
-  const [config, vocabJson, bytes] = await Promise.all([
+  // fetched at once; a failure is reported in this order (config first), not by which answer came back first
+  const settled = await Promise.allSettled([
     fetchFile(base, "config.json", file).then(parseJSON),
     fetchFile(base, "vocab.json", file).then(parseJSON),
     fetchFile(base, file, file).then(async (r) => new Uint8Array(await r.arrayBuffer())),
   ]);
+  const failed = settled.find((result) => result.status === "rejected");
+  if (failed) throw failed.reason;
+  const [config, vocabJson, bytes] = settled.map((result) => result.value);
   const vocab = CharVocab.fromJSON(vocabJson, `${base}vocab.json`);
   return OnnxModel.create(ort, { config, vocab, bytes, base, file });
 }
