@@ -53,6 +53,11 @@ def test_decode_benchmark(data_path):
     assert out.count("| ladder-a |") == 5  # naive, PyTorch engine (KVBuffer, StaticCache), ONNX Runtime fp32, int8
 
 
+def test_int8_formats_benchmark():
+    out = run_script("int8_formats.py", "--model", "ladder-a", "--threads", "1", "--tokens", "20", "--repeats", "1")
+    assert out.count("| 4-bit weights") == 1 and "| fp32 (reference) |" in out
+
+
 def test_serving_benchmark():
     out = run_script(
         "serving.py",
