@@ -115,7 +115,8 @@ class CharVocab:
             shown = ", ".join(f"{c!r} at {i}" for i, c in unknown[:10])
             more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
             raise ValueError(
-                f"text has {len(unknown)} character(s) outside the vocabulary: {shown}{more}. "
+                f"text has {len(unknown)} character{'s' if len(unknown) > 1 else ''} outside the vocabulary: "
+                f"{shown}{more}. "
                 f"Use unk_policy='drop' or 'replace' to accept them."
             )
         replacement = "" if policy == "drop" else self.unk_replacement

@@ -32,7 +32,7 @@ def test_save_and_reload(tmp_path, tokenizer, corpus):
 
 
 def test_unknown_characters_raise_by_default_naming_them(tokenizer):
-    with pytest.raises(ValueError, match=r"2 character\(s\) outside the vocabulary: '€' at 3, 'é' at 8"):
+    with pytest.raises(ValueError, match=r"2 characters outside the vocabulary: '€' at 3, 'é' at 8"):
         tokenizer("abc€def é")
 
 
