@@ -3,7 +3,7 @@
 - The final model folder is written into a temporary folder inside the output folder, then moved in file by file
   (`publish_folder`), `config.json` last: until it lands, the folder is not a model folder (a loader says so), and
   each file is complete when it appears.
-- Temporary files of an interrupted run (`.save-*/`, `checkpoints/.*.tmp`, `metrics.jsonl.tmp`, `loss.tmp.png`)
+- Temporary files of an interrupted run (`.save-*/`, `checkpoints/.*.tmp`, `metrics.tmp.jsonl`, `loss.tmp.png`)
   are removed when the next run starts in the same folder (`remove_stale_temp_files`), once it holds the folder's
   lock (`lock_folder`): a second run started by mistake never deletes a running one's files.
 - A full disk is reported as one (`explain_write_error`): torch's serializer says "PytorchStreamWriter failed
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 SAVE_PREFIX = ".save-"
 LAST = "config.json"  # what makes a folder a model folder: moved in after everything else
 LOW_SPACE_BYTES = 16 * 2**20
-TEMP_NAMES = ("metrics.jsonl.tmp", "loss.tmp.png")  # what report.py writes before renaming
+RENAMED_OUTPUTS = ("metrics.jsonl", "loss.png")  # written under `temp_path` and renamed (training/report.py)
 
 
 def file_mode() -> int:
@@ -44,6 +44,12 @@ def _umask() -> int:
         return umask
 
 
+def temp_path(path: Path) -> Path:
+    """Where a file is written before it is renamed over `path` (its suffix kept: matplotlib reads the format from
+    it); the next run removes it if a kill left it there."""
+    return path.with_name(f"{path.stem}.tmp{path.suffix}")
+
+
 def publish_folder(out: Path, write: Callable[[Path], None]) -> None:
     """Calls `write(tmp)` to write a model folder's files into a fresh temporary folder inside `out`, then moves
     them into `out`, `config.json` last. A failure (or a kill) before the moves leaves `out`'s previous files."""
@@ -53,10 +59,9 @@ def publish_folder(out: Path, write: Callable[[Path], None]) -> None:
             write(tmp)
         except (OSError, RuntimeError) as e:
             raise explain_write_error(e, tmp) from None
-        names = sorted(p.name for p in tmp.iterdir())
         mode = file_mode()
         (out / LAST).unlink(missing_ok=True)  # a folder saved before: not a model folder until the new one lands
-        for name in sorted(names, key=lambda n: n == LAST):
+        for name in sorted((p.name for p in tmp.iterdir()), key=lambda n: (n == LAST, n)):
             path = tmp / name
             if path.is_file():
                 os.chmod(path, mode)
@@ -68,9 +73,8 @@ def publish_folder(out: Path, write: Callable[[Path], None]) -> None:
 def remove_stale_temp_files(out: Path) -> list[Path]:
     """Removes what an interrupted run left in `out` (its temporary save folders and files); returns them."""
     stale = [p for p in out.glob(SAVE_PREFIX + "*") if p.is_dir()]
-    stale += [p for p in (out / "checkpoints").glob(".*.tmp")] + [
-        p for p in map(out.joinpath, TEMP_NAMES) if p.exists()
-    ]
+    stale += list((out / "checkpoints").glob(".*.tmp"))
+    stale += [path for path in (temp_path(out / name) for name in RENAMED_OUTPUTS) if path.exists()]
     for path in stale:
         logger.info("removing %s, left by an interrupted run", path)
         if path.is_dir():

@@ -16,7 +16,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from gpt_serve.corpus import TINY_SHAKESPEARE_SHA256
 
 from .config import ARCH_KEYS, OPTIMIZATION_KEYS
-from .outputs import explain_write_error
+from .outputs import explain_write_error, temp_path
 from .runtime import Runtime
 
 METRICS_NAME = "metrics.jsonl"
@@ -61,7 +61,7 @@ def read_metrics(out: str | os.PathLike) -> list[dict]:
 def write_metrics(out: str | os.PathLike, records: list[dict]) -> None:
     """Replaces metrics.jsonl with `records` (atomically)."""
     path = Path(out) / METRICS_NAME
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temp_path(path)
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     os.replace(tmp, path)
 
@@ -90,7 +90,7 @@ def _pyplot():
 def _save(fig, path: str | os.PathLike) -> None:
     """Saves a figure under a temporary name, then renames it, so a reader never sees half a PNG."""
     path = Path(path)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    tmp = temp_path(path)
     try:
         fig.savefig(tmp)
     except (OSError, RuntimeError) as e:

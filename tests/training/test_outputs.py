@@ -56,6 +56,7 @@ def test_config_json_lands_last(tmp_path, monkeypatch):
 def test_an_interrupted_runs_temporary_files_are_removed_by_the_next(tmp_path, make_config):
     (tmp_path / "checkpoints").mkdir(parents=True)
     left = [tmp_path / ".save-abc123", tmp_path / "checkpoints" / ".checkpoint.pt-x1.tmp", tmp_path / "loss.tmp.png"]
+    left.append(outputs.temp_path(tmp_path / "metrics.jsonl"))  # what write_metrics renames over metrics.jsonl
     left[0].mkdir()
     (left[0] / "model.safetensors").write_bytes(b"half")
     for path in left[1:]:
