@@ -326,7 +326,6 @@ def _validate_inputs(block_fn, inputs: list) -> None:
     """Replaces Gradio's check of an event's input values (its ValueError reaches a client as `{"error": null}`):
     too few values, or a list or dict (a file-shaped value, say) where every input of this demo takes text or a
     number, get a `gr.Error` that names the event and what it takes."""
-    fields = [block for block in block_fn.inputs if not block.stateful]
     names = [getattr(block, "label", None) or type(block).__name__ for block in block_fn.inputs]
     event = block_fn.api_name or block_fn.name
     if len(inputs) < len(block_fn.inputs):
@@ -335,7 +334,7 @@ def _validate_inputs(block_fn, inputs: list) -> None:
             print_exception=False,
         )
     for block, name, value in zip(block_fn.inputs, names, inputs):
-        if block in fields and isinstance(value, (dict, list)):
+        if not block.stateful and isinstance(value, (dict, list)):  # a State's value is the server's own
             raise gr.Error(
                 f"{event}: {name} takes text or a number, got a {type(value).__name__} (files are not accepted)",
                 print_exception=False,

@@ -38,6 +38,7 @@ COMMAND_HELP = {
     "export": "export a model folder to ONNX and validate it",
     "demo": "launch the Gradio web demo",
 }
+PORT_HINT = "another server holds the port? choose another with --port N"  # `gpt-serve serve`, with or without Ray
 EXTRAS = {"train": "train", "ladder": "train", "export": "export", "demo": "demo"}
 
 
@@ -163,7 +164,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     from .generation.registry import ModelRegistry
 
-    check_port_free(args.host, args.port, "another server holds the port? choose another with --port N")
+    check_port_free(args.host, args.port, PORT_HINT)
     registry = ModelRegistry.discover(
         args.model_dir, args.models_root, expected=(), threads=args.threads, max_batch=args.max_batch,
         max_queue=args.max_queue,
@@ -198,7 +199,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
         max_tokens_limit=args.max_tokens_limit,
     )
     if args.ray_address is None:  # a new local instance: its proxy binds the port
-        check_port_free(args.host, args.port, "another server holds the port? choose another with --port N")
+        check_port_free(args.host, args.port, PORT_HINT)
     models = options.registry().available  # checked here, before Ray starts; each replica finds its own
     with serving(options, args.host, args.port, args.ray_address, args.log_level) as url:
         replicas = f"{options.replicas} Ray Serve replica{'s' if options.replicas > 1 else ''}"
