@@ -20,6 +20,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from gpt_serve.generation.onnx_backend import INPUT_NAMES, LOGITS_NAME, PAST_NAME, PRESENT_NAME
 from gpt_serve.tokenization_chargpt import fast_tokenizer
 from gpt_serve.vocab import FAST_TOKENIZER_FILE_NAME, CharVocab
 
@@ -53,16 +54,14 @@ def genai_config(config, graph_file: str, eos_token_id: int) -> dict:
                 "num_key_value_heads": config.n_head,
                 "num_hidden_layers": config.n_layer,
                 "inputs": {
-                    "input_ids": "input_ids",
-                    "attention_mask": "attention_mask",
-                    "position_ids": "position_ids",
-                    "past_key_names": "past_key_values.%d.key",
-                    "past_value_names": "past_key_values.%d.value",
+                    **{name: name for name in INPUT_NAMES},  # input_ids, attention_mask, position_ids
+                    "past_key_names": PAST_NAME.format(layer="%d", kind="key"),
+                    "past_value_names": PAST_NAME.format(layer="%d", kind="value"),
                 },
                 "outputs": {
-                    "logits": "logits",
-                    "present_key_names": "present.%d.key",
-                    "present_value_names": "present.%d.value",
+                    "logits": LOGITS_NAME,
+                    "present_key_names": PRESENT_NAME.format(layer="%d", kind="key"),
+                    "present_value_names": PRESENT_NAME.format(layer="%d", kind="value"),
                 },
             },
         },

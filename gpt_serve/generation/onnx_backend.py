@@ -62,14 +62,19 @@ WEIGHTS_FILE_NAME = "model.safetensors"
 EXPORT_HINT = "export it with `python -m export {model_dir}` (or `gpt-serve export {model_dir}`)"
 
 
+# The cache's input and output names (Hugging Face's decoder layout), by layer and kind ("key" or "value").
+PAST_NAME = "past_key_values.{layer}.{kind}"
+PRESENT_NAME = "present.{layer}.{kind}"
+
+
 def past_names(n_layer: int) -> list[str]:
     """Cache inputs in graph order: past_key_values.0.key, past_key_values.0.value, past_key_values.1.key, ..."""
-    return [f"past_key_values.{i}.{kind}" for i in range(n_layer) for kind in ("key", "value")]
+    return [PAST_NAME.format(layer=i, kind=kind) for i in range(n_layer) for kind in ("key", "value")]
 
 
 def present_names(n_layer: int) -> list[str]:
     """Cache outputs in graph order, matching `past_names`: present.0.key, present.0.value, ..."""
-    return [f"present.{i}.{kind}" for i in range(n_layer) for kind in ("key", "value")]
+    return [PRESENT_NAME.format(layer=i, kind=kind) for i in range(n_layer) for kind in ("key", "value")]
 
 
 def onnx_path(model_dir: str | os.PathLike, quantized: bool = False) -> Path:
@@ -416,6 +421,8 @@ __all__ = [
     "session_options",
     "load_session",
     "ONNX_SUBDIR",
+    "PAST_NAME",
+    "PRESENT_NAME",
     "FP32_FILE_NAME",
     "INT8_FILE_NAME",
     "INPUT_NAMES",
