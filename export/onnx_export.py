@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import warnings
 from pathlib import Path
 
@@ -225,25 +224,45 @@ def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
 
 
 def quantize_int8(src: Path, dst: Path) -> None:
-    """Dynamic quantization: int8 weights for every MatMul/Gemm, activations quantized on the fly per call."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    """Weight-only int8: every MatMul weight (in, out) stored as int8 with one fp32 scale per output column
+    (symmetric, zero point 0), read through a `DequantizeLinear` node; activations are not quantized in the file.
 
-    root = logging.getLogger()
-    hush = _DropMessage("pre-processing before quantization")  # ORT's generic advice, logged on the root logger
-    root.addFilter(hush)
-    try:
-        quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
-    finally:
-        root.removeFilter(hush)
-
-
-class _DropMessage(logging.Filter):
-    def __init__(self, fragment: str):
-        super().__init__()
-        self.fragment = fragment
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.fragment not in record.getMessage()
+    A quarter of the fp32 file. ONNX Runtime fuses each pair into its int8 `MatMulNBits` kernel (weights stay int8
+    in memory, activations quantized per block of a row, so a row's result does not depend on the other rows); the
+    in-browser page has onnxruntime-web fold them into fp32 weights at load, and `OnnxBackend(..., int8_compute=
+    False)` does the same natively (see `onnx_backend.session_options`). ONNX Runtime's dynamic quantization (one
+    activation scale per tensor) was as fast but made a row's tokens depend on the batch and split the page's tokens
+    from Python's at near ties: `benchmarks/int8_formats.py` compares the formats. The embedding tables (Gather) stay
+    fp32 (under 3% of the weights).
+    """
+    model = onnx.load(str(src))
+    graph = model.graph
+    weights = {init.name: init for init in graph.initializer}
+    targets = []
+    for node in graph.node:
+        name = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if name in weights and len(weights[name].dims) == 2 and name not in targets:
+            targets.append(name)
+    quantized, dequantize = [], []
+    for name in targets:
+        w = onnx.numpy_helper.to_array(weights[name]).astype(np.float32)  # (in, out)
+        scale = np.abs(w).max(axis=0) / 127.0
+        scale[scale == 0] = 1.0  # an all-zero column: any scale gives zeros
+        q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+        quantized += [
+            onnx.numpy_helper.from_array(q, f"{name}_quantized"),
+            onnx.numpy_helper.from_array(scale.astype(np.float32), f"{name}_scale"),
+            onnx.numpy_helper.from_array(np.zeros(scale.shape, dtype=np.int8), f"{name}_zero_point"),
+        ]
+        inputs = [f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"]
+        dequantize.append(onnx.helper.make_node("DequantizeLinear", inputs, [name], name=f"{name}_dequantize", axis=1))
+    kept = [init for init in graph.initializer if init.name not in set(targets)]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + quantized)
+    nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(dequantize + nodes)  # the weights' producers first: the graph stays topologically sorted
+    onnx.save(model, str(dst))
 
 
 def metadata(

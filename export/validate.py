@@ -21,7 +21,7 @@ from gpt_serve.generation.onnx_backend import INPUT_NAMES, LOGITS_NAME, past_nam
 from gpt_serve.modeling_chargpt import CharGPTForCausalLM
 
 FP32_LOGITS_ATOL = 1e-4
-# int8 dynamic quantization may raise the validation loss by at most this much (nats per character). It is the
+# int8 quantization may raise the validation loss by at most this much (nats per character). It is the
 # lesson's seed-to-seed spread (~±0.015, FIELD-NOTES) rounded up: int8 must not cost more than retraining noise.
 INT8_MAX_VAL_LOSS_INCREASE = 0.02
 

@@ -95,27 +95,38 @@ def weights_sha256(model_dir: str | os.PathLike) -> str | None:
     return digest.hexdigest()
 
 
-def session_options(threads: int | None = None) -> ort.SessionOptions:
-    """SessionOptions for batch-1-ish decoding: all graph optimizations, `threads` intra-op threads (None: ORT's
-    default, one per physical core), one inter-op thread (the graph is a chain; parallel branches do not pay)."""
+def session_options(threads: int | None = None, int8_compute: bool = True) -> ort.SessionOptions:
+    """SessionOptions for decoding: all graph optimizations, `threads` intra-op threads (None: ORT's default, one per
+    physical core), one inter-op thread (the graph is a chain; parallel branches do not pay).
+
+    The int8 file's weights are int8, each read through a `DequantizeLinear` (`export.onnx_export.quantize_int8`).
+    With `int8_compute` ONNX Runtime fuses each into a `MatMulNBits` that keeps the weights int8 in memory and
+    multiplies them by activations quantized per block of 32 values of a row (rows stay independent); without it,
+    it folds them into fp32 weights once, at load, and runs fp32 MatMuls: the arithmetic of the fp32 graph, and of
+    the in-browser page (demo/web/model.js asks onnxruntime-web for the same). No effect on the fp32 file."""
     threads = check_threads(threads, "ONNX Runtime's default")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.inter_op_num_threads = 1
+    if not int8_compute:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
     if threads is not None:
         options.intra_op_num_threads = threads
     return options
 
 
-def load_session(path: Path, threads: int | None = None, providers=None) -> ort.InferenceSession:
-    """An InferenceSession on `path`, with a clear error for a missing, truncated or corrupt file."""
+def load_session(
+    path: Path, threads: int | None = None, providers=None, int8_compute: bool = True
+) -> ort.InferenceSession:
+    """An InferenceSession on `path` (`session_options`), with a clear error for a missing, truncated or corrupt
+    file."""
     model_dir = path.parent.parent
     if not path.is_file():
         raise FileNotFoundError(f"ONNX model not found: {path}; " + EXPORT_HINT.format(model_dir=model_dir))
     try:
         providers = providers or ["CPUExecutionProvider"]
-        return ort.InferenceSession(str(path), session_options(threads), providers=providers)
+        return ort.InferenceSession(str(path), session_options(threads, int8_compute), providers=providers)
     except (
         ort_errors.Fail,
         ort_errors.InvalidArgument,
@@ -146,6 +157,9 @@ class OnnxBackend:
         model_dir: a model folder (holding `config.json`, `vocab.json` and `onnx/`), or the name of a shipped model
             (see `gpt_serve.models.list_models`).
         quantized: load `onnx/model_quantized.onnx` (int8 weights) instead of `onnx/model.onnx` (fp32).
+        int8_compute: for the int8 file, ONNX Runtime's int8 kernel (the weights stay int8 in memory: faster where
+            they do not fit in the CPU's cache); False dequantizes them once at load and computes in fp32, as the
+            in-browser page does (the same greedy tokens). See `session_options`.
         threads: intra-op threads (None: ONNX Runtime's default, one per physical core).
         providers: ONNX Runtime execution providers (default `["CPUExecutionProvider"]`). With the CUDA provider
             first, the KV cache stays on the GPU between steps.
@@ -157,12 +171,17 @@ class OnnxBackend:
     """
 
     def __init__(
-        self, model_dir: str | os.PathLike, quantized: bool = False, threads: int | None = None, providers=None
+        self,
+        model_dir: str | os.PathLike,
+        quantized: bool = False,
+        threads: int | None = None,
+        providers=None,
+        int8_compute: bool = True,
     ):
         self.model_dir = model_path(str(model_dir))
         self.quantized = bool(quantized)
         self.path = onnx_path(self.model_dir, self.quantized)
-        self.session = load_session(self.path, threads, providers)
+        self.session = load_session(self.path, threads, providers, int8_compute)
         self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
         self._check_metadata()
         self.block_size = int(self.metadata["block_size"])

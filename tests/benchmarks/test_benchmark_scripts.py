@@ -55,7 +55,8 @@ def test_decode_benchmark(data_path):
 
 def test_int8_formats_benchmark():
     out = run_script("int8_formats.py", "--model", "ladder-a", "--threads", "1", "--tokens", "20", "--repeats", "1")
-    assert out.count("| 4-bit weights") == 1 and "| fp32 (reference) |" in out
+    assert out.count("| MatMulNBits 4-bit") == 1 and "| fp32 (reference) |" in out
+    assert "| the export's int8 (`onnx-int8`: ONNX Runtime's int8 kernel) | " in out
 
 
 def test_serving_benchmark():

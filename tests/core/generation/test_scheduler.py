@@ -45,11 +45,11 @@ def alone(backend, r: Request) -> list[int]:
     return [int(t[0]) for t in generate_tokens(backend, [r.prompt_ids], *args)]
 
 
-@pytest.fixture(scope="module", params=["torch", "onnx"])
+@pytest.fixture(scope="module", params=["torch", "onnx", "onnx-int8"])
 def backend(request, exported_dir):
     if request.param == "torch":
         return TorchBackend(make_tiny_model())  # the weights of the exported model
-    return OnnxBackend(exported_dir, threads=1)
+    return OnnxBackend(exported_dir, quantized=request.param == "onnx-int8", threads=1)
 
 
 def test_batched_tokens_equal_each_request_alone(backend):
