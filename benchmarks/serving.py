@@ -7,7 +7,9 @@
     python benchmarks/serving.py --threads 2 --model lesson        # the lesson's 10.8M model (random weights)
 
 For each backend and each number of concurrent streams N: N requests of `--tokens` tokens each are submitted at
-once to one `Scheduler` and read by N consumer threads (as a server's request handlers would). It prints the
+once to the `Scheduler` of a `ModelRegistry` (as the servers get theirs: PyTorch models load and decode on the
+shared `torch_runner()` thread) and read by N asyncio tasks on one event loop (`Stream.atake`, as the API server's
+handlers read them), after a warm-up that includes one whole stream (every window length once). It prints the
 aggregate tokens/s (all tokens over the wall time), the per-stream tokens/s (p50 of each stream's tokens over its
 own time), and time to first token p50/p95. With `--over api` the streams go through the OpenAI-compatible API of
 a `gpt-serve serve` process started here (on 127.0.0.1, a free port), read with the `openai` client; with
@@ -19,6 +21,7 @@ the text so far). `--model lesson` builds the lesson's 10.8M architecture with r
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import socket
 import statistics
@@ -33,8 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if sys.path and Path(sys.path[0]).resolve() == ROOT / "benchmarks":
     sys.path[0] = str(ROOT)  # the repository's packages, not this folder's scripts
 
-from gpt_serve.generation import SamplingParams, load_backend  # noqa: E402
+from gpt_serve.generation import SamplingParams  # noqa: E402
+from gpt_serve.generation.registry import ModelRegistry  # noqa: E402
 from gpt_serve.generation.scheduler import Request, Scheduler  # noqa: E402
+from gpt_serve.models import model_path  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -43,12 +48,17 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def scheduler_stream(scheduler: Scheduler, prompt: list[int], tokens: int, window_mode: str):
-    """A consumer of one stream through `scheduler`: yields the number of tokens each time some arrive."""
+    """A consumer of one stream through `scheduler`, as the API server's handlers read theirs: an asyncio coroutine
+    (`Stream.atake`), all of them on one event loop (`run` sees it is one)."""
 
-    def consume(seed: int):
+    async def consume(seed: int):
         stream = scheduler.submit(Request(prompt, tokens, SamplingParams(0.8), seed=seed, window_mode=window_mode))
-        while (chunk := stream.take()) is not None:
-            yield len(chunk)
+        start, count, first = time.perf_counter(), 0, None
+        while (chunk := await stream.atake()) is not None:
+            first = first or time.perf_counter()
+            count += len(chunk)
+        end = time.perf_counter()
+        return first - start, (count - 1) / max(end - first, 1e-9), count
 
     return consume
 
@@ -90,26 +100,32 @@ def demo_stream(url: str, model: str, backend: str, prompt: str, tokens: int, wi
 
 
 def run(consume, n: int, tokens: int) -> dict:
-    """N streams at once; per stream (time to first token, tokens/s after it), and the aggregate."""
-    results: list[tuple[float, float, int]] = []
-    lock = threading.Lock()
-
-    def one(seed: int) -> None:
-        start = time.perf_counter()
-        count, first = 0, None
-        for got in consume(seed):
-            first = first or time.perf_counter()
-            count += got
-        end = time.perf_counter()
-        with lock:
-            results.append((first - start, (count - 1) / max(end - first, 1e-9), count))
-
-    threads = [threading.Thread(target=one, args=(seed,)) for seed in range(n)]
+    """N streams at once; per stream (time to first token, tokens/s after it), and the aggregate. `consume(seed)`
+    is a coroutine (N tasks on one event loop) or a generator of chunk sizes (N threads)."""
     start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    if asyncio.iscoroutinefunction(consume):
+
+        async def all_streams():
+            return await asyncio.gather(*(consume(seed) for seed in range(n)))
+
+        results = asyncio.run(all_streams())
+    else:
+        results, lock = [], threading.Lock()
+
+        def one(seed: int) -> None:
+            begin, count, first = time.perf_counter(), 0, None
+            for got in consume(seed):
+                first = first or time.perf_counter()
+                count += got
+            end = time.perf_counter()
+            with lock:
+                results.append((first - begin, (count - 1) / max(end - first, 1e-9), count))
+
+        threads = [threading.Thread(target=one, args=(seed,)) for seed in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     wall = time.perf_counter() - start
     ttfts = [r[0] for r in results]
     return dict(
@@ -199,11 +215,13 @@ def bench(args, work: Path) -> int:
     server = start_server(args, model_dirs) if args.over != "scheduler" else None
     try:
         for key in args.backends:
-            scheduler = None
-            if server is None:
-                loaded = load_backend(model_dirs[0].split("=", 1)[1] if model_dirs else args.model, key, args.threads)
-                queue = max(args.streams)
-                scheduler = Scheduler(loaded.backend, max_batch=args.max_batch, max_queue=queue)
+            registry = None
+            if server is None:  # the servers' way: a registry's loaded backend and scheduler (PyTorch: one thread)
+                folder = model_dirs[0].split("=", 1)[1] if model_dirs else model_path(args.model)
+                registry = ModelRegistry(
+                    {"model": folder}, threads=args.threads, max_batch=args.max_batch, max_queue=max(args.streams)
+                )
+                loaded, scheduler = registry.backend("model", key), registry.scheduler("model", key)
                 consume = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), args.tokens, args.window_mode)
                 warm = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), 8, args.window_mode)
             else:
@@ -212,6 +230,7 @@ def bench(args, work: Path) -> int:
                 warm = stream(server[1], args.model, key, args.prompt, 8, args.window_mode)
             try:
                 run(warm, 2, 8)  # warm-up: loading, first-call allocations, thread pools
+                run(consume, 1, args.tokens)  # and every window length once (a cold first stream ran ~40% slower)
                 for n in args.streams:
                     r = run(consume, n, args.tokens)
                     print(
@@ -220,8 +239,8 @@ def bench(args, work: Path) -> int:
                         flush=True,
                     )
             finally:
-                if scheduler is not None:
-                    scheduler.close()
+                if registry is not None:
+                    registry.close()
     finally:
         if server is not None:
             server[0].terminate()

@@ -156,9 +156,10 @@ class _Choice:
         self.prompt_tokens, self.tokens, self.text, self.sent = prompt_tokens, 0, "", 0
         self.finish_reason: str | None = None
 
-    def take(self) -> str:
-        """Waits for the next tokens; returns the new text (may be empty once finished)."""
-        chunk = self.stream.take()
+    async def take(self) -> str:
+        """Waits for the next tokens (on the event loop, no thread); returns the new text (may be empty once
+        finished)."""
+        chunk = await self.stream.atake()
         if chunk is None:
             self.finish_reason = self.finish_reason or "length"
             return self._new_text(final=True)
@@ -221,7 +222,7 @@ def create_router(registry: ModelRegistry, default_backend: str = "torch", max_t
         try:
             for choice in choices:
                 while not choice.done:
-                    await anyio.to_thread.run_sync(choice.take, abandon_on_cancel=True)
+                    await choice.take()
         finally:
             for choice in choices:
                 choice.stream.cancel()
@@ -282,7 +283,7 @@ async def _events(request: Completion, choices: list[_Choice], cid: str, created
     try:
         for choice in choices:  # prompts one after the other: each stream keeps its tokens meanwhile
             while not choice.done:
-                text = await anyio.to_thread.run_sync(choice.take, abandon_on_cancel=True)
+                text = await choice.take()
                 if text or choice.done:
                     item = {
                         "text": text,

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
 from .loading import BACKENDS, LoadedModel, load_backend
-from .scheduler import Scheduler
+from .scheduler import Scheduler, torch_runner
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,10 @@ class ModelRegistry:
         with lock:
             if key not in self._loaded:
                 try:
-                    loaded = load_backend(folder, key[1], self.threads)
+                    if key[1] == "torch":  # on the thread that will decode it (see `scheduler.Runner`)
+                        loaded = torch_runner().call(load_backend, folder, key[1], self.threads)
+                    else:
+                        loaded = load_backend(folder, key[1], self.threads)
                 except (OSError, ValueError) as e:
                     raise ModelUnavailable(f"{BACKENDS[key[1]]} cannot serve model {name!r}: {e}") from None
                 logger.info("loaded %s/%s in %.2f s", *key, loaded.load_seconds)
@@ -240,7 +243,8 @@ class ModelRegistry:
             loaded = self.backend(*key)
             with self._locks_lock:
                 if key not in self._schedulers:
-                    self._schedulers[key] = Scheduler(loaded.backend, self.max_batch, self.max_queue)
+                    runner = torch_runner() if key[1] == "torch" else None  # None: a thread of its own
+                    self._schedulers[key] = Scheduler(loaded.backend, self.max_batch, self.max_queue, runner=runner)
                 scheduler = self._schedulers[key]
         return scheduler
 

@@ -21,6 +21,7 @@ for long. The queue is bounded: past `max_queue` waiting requests `submit` raise
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -90,11 +91,12 @@ class Stream:
         self.first_token_at: float | None = None
         self.generated = 0
         self._finished = False  # the consumer has seen the end
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None  # an `atake` waiting
 
     def cancel(self) -> None:
         if not self.cancelled.is_set():
             self.cancelled.set()
-            self._scheduler._wake.set()
+            self._scheduler._runner.wake()
 
     def __iter__(self) -> Iterator[int]:
         try:
@@ -122,6 +124,22 @@ class Stream:
             raise error
         return None
 
+    async def atake(self) -> list[int] | None:
+        """`take` for a consumer on an asyncio event loop (the API's handlers): waits without a thread. The loop
+        is woken once per decode step for all its streams that got tokens, not once per stream."""
+        while self._tokens.empty() and not self._finished:
+            loop = asyncio.get_running_loop()
+            future = loop.create_future()
+            self._waiter = (loop, future)
+            if not self._tokens.empty():  # a token came before the waiter was seen: no need to wait
+                self._waiter = None
+                break
+            try:
+                await future
+            finally:
+                self._waiter = None
+        return self.take()
+
     # -- the scheduler's side --
 
     def _put(self, token: int) -> None:
@@ -129,10 +147,12 @@ class Stream:
             self.first_token_at = time.perf_counter()
         self.generated += 1
         self._tokens.put(token)
+        self._scheduler._to_wake.append(self)
 
     def _finish(self, error: BaseException | None = None) -> None:
         self.error = error
         self._tokens.put(_DONE)
+        self._scheduler._to_wake.append(self)
 
 
 class _Row:
@@ -165,8 +185,115 @@ class _Row:
         )
 
 
+class Runner:
+    """A thread that runs the decode loops of one or more schedulers, one iteration of each in turn, and other work
+    on their models between iterations (`call`).
+
+    Why PyTorch models share one (`torch_runner()`): PyTorch's CPU ops run on OpenMP (libgomp) thread teams, one
+    team per thread that has run a parallel op, kept for the thread's life. Once the teams' threads outnumber the
+    CPUs, libgomp stops letting them spin between ops and every op waits for its team to be woken: on the 2-core
+    development machine one idle 2-thread team elsewhere in the process (a model loaded on the main thread, a
+    second model's decode loop) made a decode step of the shipped model 2.5-3x slower (1.2 -> 3.4 ms at one row,
+    3.4 -> 6.4 ms at 16). So every PyTorch model of a process is loaded and decoded on one thread. ONNX Runtime
+    sessions have their own thread pools: each of their schedulers gets a runner of its own.
+    """
+
+    def __init__(self, name: str = "gpt-serve-scheduler"):
+        self._schedulers: list[Scheduler] = []
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # (function, args, future)
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def call(self, function, *args):
+        """Runs `function(*args)` on the runner's thread, between two iterations, and returns its result (or raises
+        its error)."""
+        if threading.current_thread() is self._thread:
+            return function(*args)
+        future: Future = Future()
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("the runner is stopped")
+            self._calls.put((function, args, future))
+        self.wake()
+        return future.result()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+        self.wake()
+        self._thread.join(timeout=10)
+
+    def _add(self, scheduler: Scheduler) -> None:
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("the runner is stopped")
+            self._schedulers.append(scheduler)
+        self.wake()
+
+    def _run_calls(self) -> None:
+        while not self._calls.empty():
+            function, args, future = self._calls.get()
+            try:
+                future.set_result(function(*args))
+            except BaseException as e:  # the caller gets it
+                future.set_exception(e)
+
+    def _run(self) -> None:
+        while True:
+            self._run_calls()
+            with self._lock:
+                stopping, schedulers = self._stopping, list(self._schedulers)
+            busy = False
+            for scheduler in schedulers:
+                if scheduler._closing():
+                    scheduler._shutdown()
+                    with self._lock:
+                        self._schedulers.remove(scheduler)
+                    continue
+                busy = scheduler._iterate() or busy
+            if stopping and not schedulers:
+                break
+            if not busy:
+                with self._lock:
+                    idle = self._calls.empty() and not self._stopping and not any(s._closing() for s in schedulers)
+                if idle:
+                    self._event.wait()
+                    self._event.clear()
+        while not self._calls.empty():
+            self._calls.get()[2].set_exception(RuntimeError("the runner is stopped"))
+
+
+def _resolve(futures: list[asyncio.Future]) -> None:
+    for future in futures:
+        if not future.done():  # a cancelled waiter (its client went away) stays cancelled
+            future.set_result(None)
+
+
+_torch_runner: Runner | None = None
+_torch_runner_lock = threading.Lock()
+
+
+def torch_runner() -> Runner:
+    """The process's one runner for PyTorch models (see `Runner`), started on first use."""
+    global _torch_runner
+    with _torch_runner_lock:
+        if _torch_runner is None or not _torch_runner.thread.is_alive():
+            _torch_runner = Runner("gpt-serve-torch")
+        return _torch_runner
+
+
 class Scheduler:
-    """One decode loop (a background thread) for one backend; see the module docstring.
+    """One decode loop for one backend, run by a `Runner`'s thread; see the module docstring.
 
     Args:
         backend: a `TorchBackend` or `OnnxBackend` (anything with `new_batch`, `forward`, `block_size`, `vocab_size`).
@@ -174,6 +301,8 @@ class Scheduler:
         max_queue: the most requests waiting to join; `submit` raises `ServerBusy` past it.
         max_prefills_per_step: the most waiting requests prefilled between two decode steps.
         max_recompute_per_step: the most exact-mode rows past their window advanced per step.
+        runner: the `Runner` whose thread runs the loop (None: a runner of its own, stopped by `close`). The
+            registry gives every PyTorch backend the shared `torch_runner()`.
     """
 
     def __init__(
@@ -183,6 +312,7 @@ class Scheduler:
         max_queue: int = 256,
         max_prefills_per_step: int = 2,
         max_recompute_per_step: int = 4,
+        runner: Runner | None = None,
     ):
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -192,19 +322,19 @@ class Scheduler:
         self.max_prefills_per_step, self.max_recompute_per_step = max_prefills_per_step, max_recompute_per_step
         self._waiting: deque[Stream] = deque()
         self._lock = threading.Lock()
-        self._wake = threading.Event()
         self._closed = False
-        # Made by the loop's own thread: the one thread that runs the backend. (PyTorch's OpenMP gives every thread
-        # that runs a parallel op, even a buffer's zero fill, its own team; two live teams on two cores stop
-        # spinning and every op pays a wake-up: one decode step went from 1 to 3 ms.)
+        self._stopped = threading.Event()
+        # Made on the runner's thread, the one thread that runs the backend (see `Runner`).
         self._batch: DecodeBatch | None = None
         self._batched: list[_Row] = []  # row i of self._batch
         self._recompute: deque[_Row] = deque()  # exact-mode rows past their window
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # (function, args, future) to run on the loop's thread
         self.steps = 0  # forward passes run (decode steps, prefills and full-window recomputes)
         self.tokens = 0
-        self._thread = threading.Thread(target=self._loop, name="gpt-serve-scheduler", daemon=True)
-        self._thread.start()
+        self._to_wake: list[Stream] = []  # streams given tokens since the last `_wake_async`
+        self._owns_runner = runner is None
+        self._runner = runner or Runner()
+        self._batch = self._runner.call(self.backend.new_batch, self.max_batch)  # made on the runner's thread
+        self._runner._add(self)
 
     # -- the public side --
 
@@ -221,20 +351,16 @@ class Scheduler:
                     f"try again shortly"
                 )
             self._waiting.append(stream)
-        self._wake.set()
+        self._runner.wake()
         return stream
 
     def call(self, function, *args):
         """Runs `function(*args)` on the loop's thread, between two decode steps, and returns its result (or raises
         its error). For other work on the same model (the demo's attention maps), so that one thread runs the
-        backend: see the note in `__init__`."""
-        future: Future = Future()
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the scheduler is closed")
-            self._calls.put((function, args, future))
-        self._wake.set()
-        return future.result()
+        backend: see `Runner`."""
+        if self._closing():
+            raise RuntimeError("the scheduler is closed")
+        return self._runner.call(function, *args)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -250,8 +376,11 @@ class Scheduler:
         """Stops the loop; requests still running or waiting end with an error."""
         with self._lock:
             self._closed = True
-        self._wake.set()
-        self._thread.join(timeout=10)
+        self._runner.wake()
+        if threading.current_thread() is not self._runner.thread:
+            self._stopped.wait(timeout=10)
+        if self._owns_runner:
+            self._runner.stop()
 
     def _check(self, r: Request) -> None:
         if not isinstance(r, Request):
@@ -267,39 +396,45 @@ class Scheduler:
 
     # -- the loop --
 
-    def _loop(self) -> None:
-        self._batch = self.backend.new_batch(self.max_batch)
-        while True:
-            with self._lock:
-                closed = self._closed
-            if closed:
-                break
-            self._run_calls()
-            try:
-                self._drop_cancelled()
-                self._admit()
-                self._recompute_some()
-                self._decode()
-            except Exception as e:  # a broken backend: the running requests end with the error, the loop goes on
-                logger.exception("decode step failed")
-                self._fail_all(e)
-            if not self._batched and not self._recompute:
-                with self._lock:
-                    idle = not self._waiting and not self._closed and self._calls.empty()
-                if idle:
-                    self._wake.wait()
-                    self._wake.clear()
-        self._fail_all(RuntimeError("the scheduler was closed"), waiting=True)
-        while not self._calls.empty():
-            self._calls.get()[2].set_exception(RuntimeError("the scheduler was closed"))
+    def _closing(self) -> bool:
+        with self._lock:
+            return self._closed
 
-    def _run_calls(self) -> None:
-        while not self._calls.empty():
-            function, args, future = self._calls.get()
+    def _iterate(self) -> bool:
+        """One iteration of the loop (on the runner's thread): cancellations, admissions, one decode step.
+        Returns whether there is more to do."""
+        try:
+            self._drop_cancelled()
+            self._admit()
+            self._recompute_some()
+            self._decode()
+        except Exception as e:  # a broken backend: the running requests end with the error, the loop goes on
+            logger.exception("decode step failed")
+            self._fail_all(e)
+        self._wake_async()
+        with self._lock:
+            waiting = bool(self._waiting)
+        return bool(self._batched or self._recompute or waiting)
+
+    def _wake_async(self) -> None:
+        """Wakes the `atake` waiters of the streams given tokens: one call into each event loop for all of its."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
+        for stream in self._to_wake:
+            waiter = stream._waiter
+            if waiter is not None:
+                by_loop.setdefault(waiter[0], []).append(waiter[1])
+        self._to_wake.clear()
+        for loop, futures in by_loop.items():
             try:
-                future.set_result(function(*args))
-            except BaseException as e:  # the caller gets it
-                future.set_exception(e)
+                loop.call_soon_threadsafe(_resolve, futures)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+    def _shutdown(self) -> None:
+        """Ends what is running or waiting (on the runner's thread, once closed)."""
+        self._fail_all(RuntimeError("the scheduler was closed"), waiting=True)
+        self._wake_async()
+        self._stopped.set()
 
     def _drop_cancelled(self) -> None:
         for i in reversed(range(len(self._batched))):

@@ -126,3 +126,12 @@ def test_gpu_check_onnx_limit_is_the_exports():
     from export.validate import FP32_LOGITS_ATOL
 
     assert gpu_check.ONNX_ATOL == FP32_LOGITS_ATOL
+
+
+def test_decode_threads_benchmark():
+    out = run_script(
+        "decode_threads.py",
+        *("--model", "ladder-a", "--threads", "1", "--rows", "1", "2", "--steps", "2", "--repeats", "1"),
+        *("--rounds", "1"),
+    )
+    assert all(f"| {layout} | " in out for layout in ("main", "second-thread", "runner"))

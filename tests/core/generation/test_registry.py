@@ -61,3 +61,28 @@ def test_missing_onnx_files_are_reported_without_loading(registry):
     reason = registry.unavailable_reason("ladder-b", "onnx-int8")
     assert "ONNX Runtime int8 is not available for model 'ladder-b'" in reason
     assert "onnx/model_quantized.onnx is missing; export it with `python -m export" in reason
+
+
+def test_pytorch_models_load_and_decode_on_one_thread_onnx_on_their_own(models_root, monkeypatch):
+    """Every PyTorch model of a process is loaded and decoded on the shared runner's thread (a second OpenMP thread
+    team slows each decode step 2.5-3x: see `scheduler.Runner`); ONNX Runtime schedulers get a thread each."""
+    import threading
+
+    import gpt_serve.generation.registry as registry_module
+
+    def thread_name() -> str:
+        return threading.current_thread().name
+
+    loads, load = [], registry_module.load_backend
+    monkeypatch.setattr(registry_module, "load_backend", lambda *a: (loads.append((a[1], thread_name())), load(*a))[1])
+    registry = ModelRegistry.discover(models_root=models_root, threads=1)
+    try:
+        torch_a, torch_b = (registry.scheduler(name, "torch") for name in ("tiny", "ladder-a"))
+        onnx_a, onnx_b = (registry.scheduler("tiny", key) for key in ("onnx", "onnx-int8"))
+        assert torch_a.call(thread_name) == torch_b.call(thread_name) == "gpt-serve-torch"
+        assert onnx_a.call(thread_name) == onnx_b.call(thread_name) == "gpt-serve-scheduler"
+        assert torch_a._runner is torch_b._runner and onnx_a._runner is not onnx_b._runner
+        assert loads == [("torch", "gpt-serve-torch")] * 2 + [(key, "MainThread") for key in ("onnx", "onnx-int8")]
+    finally:
+        registry.close()
+    assert torch_a._closing() and onnx_a._closing()

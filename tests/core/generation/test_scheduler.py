@@ -155,10 +155,65 @@ def test_call_runs_on_the_loop_thread_and_returns_or_raises():
 
     scheduler = Scheduler(TorchBackend(make_tiny_model()))
     try:
-        assert scheduler.call(lambda: threading.current_thread().name) == "gpt-serve-scheduler"
+        assert scheduler.call(lambda: threading.current_thread().name) == "gpt-serve-scheduler"  # its own runner
         with pytest.raises(ZeroDivisionError):
             scheduler.call(lambda: 1 / 0)
     finally:
         scheduler.close()
     with pytest.raises(RuntimeError, match="closed"):
         scheduler.call(lambda: None)
+
+
+@pytest.mark.parametrize("prompts", [[[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]], [[1, 2], [3, 4]]], ids=["padded", "even"])
+def test_a_torch_decode_step_gives_the_models_forward_bit_for_bit(prompts):
+    """`TorchDecodeBatch.step` drives the model's modules itself (`TorchBackend.decode_step`): the same logits as the
+    model's forward on the same cache, with left padding (a mask) and without (none)."""
+    backend = TorchBackend(make_tiny_model())
+    batch = backend.new_batch(4)
+    for ids in prompts:
+        batch.add(ids)
+    tokens = np.array([11, 12, 13][: len(prompts)])
+    for _ in range(3):
+        kv = batch.kv
+        lengths = kv.lengths[: kv.rows]
+        columns = kv.width - kv.lo + 1
+        mask = (np.arange(columns)[None, :] >= columns - 1 - lengths[:, None]).astype(np.int64)
+        forward = backend.run(tokens[:, None], mask, lengths[:, None].copy(), kv)  # writes the column step rewrites
+        assert np.array_equal(batch.step(tokens), forward)
+        tokens = (tokens + 1) % 65
+
+
+def test_asyncio_consumers_get_the_same_tokens_and_a_cancelled_one_frees_its_row(backend):
+    """`Stream.atake` (the API's handlers): tokens as `take` gives them; cancelling the task cancels nothing else,
+    and the stream's `cancel` (as the API's `finally` does) frees its row."""
+    import asyncio
+
+    reqs = requests(4)
+    scheduler = Scheduler(backend, max_batch=8)
+
+    async def read(stream) -> list[int]:
+        tokens = []
+        while (chunk := await stream.atake()) is not None:
+            tokens += chunk
+        return tokens
+
+    async def main():
+        streams = [scheduler.submit(r) for r in reqs]
+        endless = scheduler.submit(Request([1, 2, 3], 100_000, SamplingParams(1.0), seed=0, window_mode="refill"))
+        waiting = asyncio.create_task(read(endless))
+        got = await asyncio.gather(*(read(s) for s in streams))
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        endless.cancel()
+        return got
+
+    try:
+        got = asyncio.run(main())
+        deadline = time.monotonic() + 5
+        while scheduler.stats()["active"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert scheduler.stats()["active"] == 0
+    finally:
+        scheduler.close()
+    assert got == [alone(backend, r) for r in reqs]
