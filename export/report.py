@@ -56,7 +56,7 @@ def format_report(report: ExportReport) -> str:
 def card_section(report: ExportReport, command: str) -> str:
     """The model card's ONNX section (markdown), between the markers."""
     sizes = "\n".join(
-        f"| `{name}` | {'int8 weights, fp32 compute' if 'quantized' in name else 'fp32'} | {_mb(size)} |"
+        f"| `{name}` | {'int8 weights, one scale per output column' if 'quantized' in name else 'fp32'} | {_mb(size)} |"
         for name, size in report.files.items()
     )
     parity = "\n".join(f"- ONNX Runtime vs PyTorch, {w}: {_parity_line(report, w)}." for w in report.parity)
