@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Protocol
 
 import numpy as np
@@ -221,7 +222,7 @@ class Runner:
             return function(*args)
         future: Future = Future()
         with self._lock:
-            if self._stopping:
+            if self._stopping or not self._thread.is_alive():
                 raise RuntimeError("the runner is stopped")
             self._calls.put((function, args, future))
         self.wake()
@@ -231,7 +232,8 @@ class Runner:
         with self._lock:
             self._stopping = True
         self.wake()
-        self._thread.join(timeout=10)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10)
 
     def _add(self, scheduler: Scheduler) -> None:
         with self._lock:
@@ -255,12 +257,19 @@ class Runner:
                 stopping, schedulers = self._stopping, list(self._schedulers)
             busy = False
             for scheduler in schedulers:
-                if scheduler._closing():
+                try:
+                    if not scheduler._closing():
+                        busy = scheduler._iterate() or busy
+                        continue
                     scheduler._shutdown()
-                    with self._lock:
-                        self._schedulers.remove(scheduler)
-                    continue
-                busy = scheduler._iterate() or busy
+                except BaseException as e:  # the loop itself failed (no memory for a batch): only it ends
+                    logger.exception("a decode loop failed; its requests end with the error")
+                    try:
+                        scheduler._shutdown(e)
+                    except BaseException:
+                        logger.exception("and could not end its requests")
+                with self._lock:
+                    self._schedulers.remove(scheduler)
             if stopping and not schedulers:
                 break
             if not busy:
@@ -333,7 +342,12 @@ class Scheduler:
         self._to_wake: list[Stream] = []  # streams given tokens since the last `_wake_async`
         self._owns_runner = runner is None
         self._runner = runner or Runner()
-        self._batch = self._runner.call(self.backend.new_batch, self.max_batch)  # made on the runner's thread
+        try:
+            self._batch = self._runner.call(self.backend.new_batch, self.max_batch)  # made on the runner's thread
+        except BaseException:
+            if self._owns_runner:
+                self._runner.stop()
+            raise
         self._runner._add(self)
 
     # -- the public side --
@@ -430,9 +444,12 @@ class Scheduler:
             except RuntimeError:  # the loop is closed: nobody waits any more
                 pass
 
-    def _shutdown(self) -> None:
-        """Ends what is running or waiting (on the runner's thread, once closed)."""
-        self._fail_all(RuntimeError("the scheduler was closed"), waiting=True)
+    def _shutdown(self, error: BaseException | None = None) -> None:
+        """Ends what is running or waiting (on the runner's thread): once closed, or with `error` when the loop itself
+        failed (the scheduler is closed then)."""
+        with self._lock:
+            self._closed = True
+        self._fail_all(error or RuntimeError("the scheduler was closed"), waiting=True, fresh_batch=False)
         self._wake_async()
         self._stopped.set()
 
@@ -484,11 +501,13 @@ class Scheduler:
         if not self._recompute:
             return
         block = self.backend.block_size
-        rows = [self._recompute.popleft() for _ in range(min(self.max_recompute_per_step, len(self._recompute)))]
+        rows = list(islice(self._recompute, self.max_recompute_per_step))
         ids = np.array([r.ids[-block:] for r in rows], dtype=np.int64)  # (k, block_size): every row's last window
         mask = np.ones_like(ids)
         positions = np.tile(np.arange(block), (len(rows), 1))
-        logits, _ = self.backend.forward(ids, mask, positions, None)
+        logits, _ = self.backend.forward(ids, mask, positions, None)  # if it raises, the rows are still queued
+        for _ in rows:
+            self._recompute.popleft()
         self.steps += 1
         for row, token in zip(rows, self._sample(rows, logits), strict=True):
             self._append(row, token)
@@ -523,7 +542,12 @@ class Scheduler:
                 self._recompute.append(row)
                 return
             row.start = len(row.ids) - row.keep  # refill: the last `keep` tokens, prefilled again
-            logits = self._batch.add(row.ids[row.start :])
+            try:
+                logits = self._batch.add(row.ids[row.start :])
+            except Exception as e:  # out of the batch already: this request ends with the error, the others go on
+                logger.exception("refill prefill failed")
+                row.stream._finish(e)
+                return
             self.steps += 1
             self._batched.append(row)
             self._emit(row, logits[None], len(self._batched) - 1)
@@ -549,14 +573,16 @@ class Scheduler:
         if row.done:
             row.stream._finish()
 
-    def _fail_all(self, error: BaseException, waiting: bool = False) -> None:
-        """Ends every running request (and, with `waiting`, every queued one) with `error`; a fresh batch after."""
+    def _fail_all(self, error: BaseException, waiting: bool = False, fresh_batch: bool = True) -> None:
+        """Ends every running request (and, with `waiting`, every queued one) with `error`; then, with
+        `fresh_batch`, a new empty batch for the next requests."""
         running = [*self._batched, *self._recompute]
         self._batched, self._recompute = [], deque()
-        self._batch = self.backend.new_batch(self.max_batch)
         queued = []
         if waiting:
             with self._lock:
                 queued, self._waiting = list(self._waiting), deque()
         for stream in [r.stream for r in running] + queued:
             stream._finish(error)
+        if fresh_batch:
+            self._batch = self.backend.new_batch(self.max_batch)

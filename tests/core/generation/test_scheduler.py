@@ -217,3 +217,26 @@ def test_asyncio_consumers_get_the_same_tokens_and_a_cancelled_one_frees_its_row
     finally:
         scheduler.close()
     assert got == [alone(backend, r) for r in reqs]
+
+
+def test_a_decode_loop_that_fails_outright_ends_its_requests_and_the_shared_runner_goes_on():
+    """A backend whose step fails and that cannot even make a fresh batch (out of memory): that scheduler's requests
+    end with the error and it closes; another scheduler on the same runner keeps serving."""
+    from gpt_serve.generation.scheduler import Runner
+
+    runner = Runner("test-runner")
+    broken, healthy = TorchBackend(make_tiny_model()), TorchBackend(make_tiny_model())
+    a, b = Scheduler(broken, max_batch=2, runner=runner), Scheduler(healthy, max_batch=2, runner=runner)
+    try:
+        a._batch.step = lambda tokens: (_ for _ in ()).throw(RuntimeError("broken step"))
+        broken.new_batch = lambda rows: (_ for _ in ()).throw(MemoryError("no memory for a batch"))
+        with pytest.raises(RuntimeError, match="broken step"):  # the step's error, then no fresh batch
+            list(a.submit(Request([1, 2], 20)))
+        assert a._stopped.wait(5) and a._closing()
+        with pytest.raises(RuntimeError, match="closed"):
+            a.submit(Request([1, 2], 5))
+        assert len(list(b.submit(Request([1, 2], 20)))) == 20
+    finally:
+        b.close()
+        a.close()
+        runner.stop()
