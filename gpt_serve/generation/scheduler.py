@@ -17,6 +17,10 @@ its own window. A row's window is its own tokens only (padding never counts agai
 row leaves the batch for a full-window forward per token (the lesson's semantics), run for all such rows together
 in their own forward pass, a few rows per step (`max_recompute_per_step`), so that they never hold the others up
 for long. The queue is bounded: past `max_queue` waiting requests `submit` raises `ServerBusy`.
+
+The loop runs on a `Runner`'s thread, which can run several schedulers' loops in turn: every PyTorch model of a
+process shares `torch_runner()` (see `Runner` for why), and each ONNX Runtime scheduler has a runner of its own.
+A stream is read with `take()` from any thread, or with `await stream.atake()` on an asyncio event loop.
 """
 
 from __future__ import annotations
