@@ -197,10 +197,10 @@ class Runner:
     Why PyTorch models share one (`torch_runner()`): PyTorch's CPU ops run on OpenMP (libgomp) thread teams, one
     team per thread that has run a parallel op, kept for the thread's life. Once the teams' threads outnumber the
     CPUs, libgomp stops letting them spin between ops and every op waits for its team to be woken: on the 2-core
-    development machine one idle 2-thread team elsewhere in the process (a model loaded on the main thread, a
-    second model's decode loop) made a decode step of the shipped model 2.5-3x slower (1.2 -> 3.4 ms at one row,
-    3.4 -> 6.4 ms at 16). So every PyTorch model of a process is loaded and decoded on one thread. ONNX Runtime
-    sessions have their own thread pools: each of their schedulers gets a runner of its own.
+    development machine the idle 2-thread team of the thread that loaded the model made a decode step of the
+    shipped model on another thread 1.7-3x slower (`benchmarks/decode_threads.py`: 2.99 against 0.92 ms at one
+    row, 5.50 against 3.15 ms at 16). So every PyTorch model of a process is loaded and decoded on one thread.
+    ONNX Runtime sessions have their own thread pools: each of their schedulers gets a runner of its own.
     """
 
     def __init__(self, name: str = "gpt-serve-scheduler"):

@@ -65,7 +65,7 @@ def test_missing_onnx_files_are_reported_without_loading(registry):
 
 def test_pytorch_models_load_and_decode_on_one_thread_onnx_on_their_own(models_root, monkeypatch):
     """Every PyTorch model of a process is loaded and decoded on the shared runner's thread (a second OpenMP thread
-    team slows each decode step 2.5-3x: see `scheduler.Runner`); ONNX Runtime schedulers get a thread each."""
+    team slows each decode step up to 3x: see `scheduler.Runner`); ONNX Runtime schedulers get a thread each."""
     import threading
 
     import gpt_serve.generation.registry as registry_module
