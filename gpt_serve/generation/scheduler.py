@@ -515,7 +515,9 @@ class Scheduler:
         self.steps += 1
         for row, token in zip(rows, self._sample(rows, logits), strict=True):
             self._append(row, token)
-            if not row.done and not row.stream.cancelled.is_set():
+            if row.stream.cancelled.is_set() and not row.done:
+                row.stream._finish()  # cancelled meanwhile: its consumer sees the end
+            elif not row.done:
                 self._recompute.append(row)
 
     def _decode(self) -> None:
@@ -539,6 +541,8 @@ class Scheduler:
         self._append(row, token)
         if row.done or row.stream.cancelled.is_set():
             self._remove(index)
+            if not row.done:
+                row.stream._finish()  # cancelled meanwhile: its consumer sees the end (done rows have)
             return
         if len(row.ids) - row.start > self.backend.block_size:  # the next token would not fit in the window
             self._remove(index)
