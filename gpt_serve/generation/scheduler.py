@@ -514,10 +514,7 @@ class Scheduler:
             self._recompute.popleft()
         self.steps += 1
         for row, token in zip(rows, self._sample(rows, logits), strict=True):
-            self._append(row, token)
-            if row.stream.cancelled.is_set() and not row.done:
-                row.stream._finish()  # cancelled meanwhile: its consumer sees the end
-            elif not row.done:
+            if not self._append(row, token):
                 self._recompute.append(row)
 
     def _decode(self) -> None:
@@ -538,11 +535,8 @@ class Scheduler:
     def _advance(self, row: _Row, token: int, index: int) -> None:
         """Gives `row` (batch row `index`) its next token and moves it on: finished, to its next window, or on in
         the batch (where the token is fed at the next step)."""
-        self._append(row, token)
-        if row.done or row.stream.cancelled.is_set():
+        if self._append(row, token):
             self._remove(index)
-            if not row.done:
-                row.stream._finish()  # cancelled meanwhile: its consumer sees the end (done rows have)
             return
         if len(row.ids) - row.start > self.backend.block_size:  # the next token would not fit in the window
             self._remove(index)
@@ -572,14 +566,18 @@ class Scheduler:
                 logits[i, seen] = np.where(row > 0, row / penalty, row * penalty)
         return sample_rows(logits, [r.sampling for r in rows], [r.rng for r in rows])
 
-    def _append(self, row: _Row, token: int) -> None:
+    def _append(self, row: _Row, token: int) -> bool:
+        """Gives `row` its token; returns True when the row ends here, finished or cancelled by its consumer
+        meanwhile (its stream is then ended: the consumer sees the end either way)."""
         row.ids.append(token)
         if row.seen is not None:
             row.seen[token] = True
         self.tokens += 1
         row.stream._put(token)
-        if row.done:
+        ends = row.done or row.stream.cancelled.is_set()
+        if ends:
             row.stream._finish()
+        return ends
 
     def _fail_all(self, error: BaseException, waiting: bool = False, fresh_batch: bool = True) -> None:
         """Ends every running request (and, with `waiting`, every queued one) with `error`; then, with

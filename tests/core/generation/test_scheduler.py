@@ -239,3 +239,34 @@ def test_a_decode_loop_that_fails_outright_ends_its_requests_and_the_shared_runn
         b.close()
         a.close()
         runner.stop()
+
+
+@pytest.mark.parametrize("where", ["decode step", "full-window forward"])
+def test_a_request_cancelled_during_its_own_forward_pass_still_ends_its_stream(where):
+    """The cancel lands while the row's forward pass runs (not between steps): the row leaves and a consumer that
+    keeps reading sees the end instead of waiting forever."""
+    import asyncio
+
+    backend = TorchBackend(make_tiny_model())
+    scheduler = Scheduler(backend, max_batch=2)
+    try:
+        if where == "decode step":
+            stream = scheduler.submit(Request([1, 2, 3], 100_000, SamplingParams(1.0), seed=0, window_mode="refill"))
+            batch, step = scheduler._batch, scheduler._batch.step
+            batch.step = lambda tokens: (stream.cancel(), step(tokens))[1]
+        else:  # an exact-mode prompt past the window: every token is a full-window forward
+            prompt = [1 + i % 60 for i in range(backend.block_size + 4)]
+            stream = scheduler.submit(Request(prompt, 100_000, SamplingParams(1.0), seed=0, window_mode="exact"))
+            forward = backend.forward
+            backend.forward = lambda *args: (stream.cancel(), forward(*args))[1]
+
+        async def read_to_the_end() -> int:
+            count = 0
+            while (chunk := await stream.atake()) is not None:
+                count += len(chunk)
+            return count
+
+        assert asyncio.run(asyncio.wait_for(read_to_the_end(), timeout=10)) < 100_000
+        assert scheduler.stats()["active"] == 0
+    finally:
+        scheduler.close()
