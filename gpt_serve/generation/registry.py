@@ -81,6 +81,12 @@ def _last_val_loss(path: Path) -> float | None:
     return loss
 
 
+def _runner(backend: str):
+    """The runner a backend's models load and decode on: the shared `torch_runner()` for PyTorch (see
+    `scheduler.Runner`), None for ONNX Runtime (loaded by the caller; each scheduler gets a thread of its own)."""
+    return torch_runner() if backend == "torch" else None
+
+
 class ModelRegistry:
     """Model names -> folders, and the loaded backends, shared.
 
@@ -225,8 +231,9 @@ class ModelRegistry:
         with lock:
             if key not in self._loaded:
                 try:
-                    if key[1] == "torch":  # on the thread that will decode it (see `scheduler.Runner`)
-                        loaded = torch_runner().call(load_backend, folder, key[1], self.threads)
+                    runner = _runner(key[1])
+                    if runner is not None:  # loaded on the thread that will decode it (see `scheduler.Runner`)
+                        loaded = runner.call(load_backend, folder, key[1], self.threads)
                     else:
                         loaded = load_backend(folder, key[1], self.threads)
                 except (OSError, ValueError) as e:
@@ -243,7 +250,7 @@ class ModelRegistry:
             loaded = self.backend(*key)
             with self._locks_lock:
                 if key not in self._schedulers:
-                    runner = torch_runner() if key[1] == "torch" else None  # None: a thread of its own
+                    runner = _runner(key[1])
                     self._schedulers[key] = Scheduler(loaded.backend, self.max_batch, self.max_queue, runner=runner)
                 scheduler = self._schedulers[key]
         return scheduler

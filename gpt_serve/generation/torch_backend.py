@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..modeling_chargpt import CharGPTForCausalLM, attention_function
+from ..modeling_chargpt import CharGPTForCausalLM, attention_function, padding_bias
 from .engine import window_keep
 from .sampling import SamplingParams, sample_next
 
@@ -184,11 +184,8 @@ class TorchBackend:
         m, dtype = self.model, self.dtype
         ids, pos = (torch.from_numpy(np.asarray(a, dtype=np.int64)[:, None]) for a in (tokens, positions))
         ids, pos = ids.to(self.device), pos.to(self.device)
-        bias = None
-        if padding.any():  # (rows, 1, 1, columns), as `padding_bias` makes it
-            bias = torch.zeros(padding.shape, dtype=dtype)
-            bias = bias.masked_fill_(torch.from_numpy(padding), torch.finfo(dtype).min)
-            bias = bias[:, None, None].to(self.device)
+        # The forward's own mask (`padding_bias` of the 2-D key mask), or none where nothing is padded, as it does.
+        bias = padding_bias(torch.from_numpy(~padding).to(self.device), 1, dtype) if padding.any() else None
         x = m.drop(m.token_embedding_table(ids) + m.position_embedding_table(pos))
         attention = attention_function(m.config)
         for block in m.blocks:
