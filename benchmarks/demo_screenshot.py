@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_load import CHROMIUM, ROOT, start_demo  # noqa: E402
+from demo_load import CHROMIUM, CHROMIUM_FLAGS, ROOT, start_demo  # noqa: E402
 
 # (file name suffix, Playwright page options, run the comparison too)
 SHOTS = [
@@ -63,20 +63,11 @@ def main(argv: list[str] | None = None) -> int:
 
     process, url, startup = start_demo(args)
     print(startup)
-    flags = [
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-    ]
     out = Path(args.out)
     os.makedirs(out.parent, exist_ok=True)
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=flags)
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
             for suffix, options, compare in SHOTS:
                 take(browser, url, args, out.with_name(f"{out.stem}{suffix}{out.suffix}"), options, compare)
             browser.close()

@@ -52,16 +52,14 @@ OTHER_PROMPTS = ("JULIET:\nO Romeo", "First Citizen:", "KING RICHARD III:\nNow i
 
 
 def weight_only(fp32: Path, dst: Path, bits: int, accuracy_level: int | None) -> None:
-    """`fp32` with every MatMul's weights in `bits` bits (blocks of 32, symmetric), metadata kept."""
+    """`fp32` with every MatMul's weights in `bits` bits (blocks of 32, symmetric)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    model = onnx.load(str(fp32))
-    metadata = {p.key: p.value for p in model.metadata_props}  # block_size, the vocabulary's hash: OnnxBackend checks
-    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True, accuracy_level=accuracy_level)
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(fp32)), bits=bits, block_size=32, is_symmetric=True, accuracy_level=accuracy_level
+    )
     quantizer.process()
-    quantized = quantizer.model.model
-    onnx.helper.set_model_props(quantized, metadata)
-    onnx.save(quantized, str(dst))
+    onnx.save(quantizer.model.model, str(dst))
 
 
 def dynamic(fp32: Path, dst: Path) -> None:
@@ -69,16 +67,18 @@ def dynamic(fp32: Path, dst: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(fp32, dst, weight_type=QuantType.QInt8)
-    model = onnx.load(str(dst))
-    onnx.helper.set_model_props(model, {p.key: p.value for p in onnx.load(str(fp32)).metadata_props})
-    onnx.save(model, str(dst))
 
 
 def variant_folder(source: Path, work: Path, name: str, make) -> Path:
-    """A copy of the model folder whose `onnx/model_quantized.onnx` is the variant `make(fp32, dst)` writes."""
+    """A copy of the model folder whose `onnx/model_quantized.onnx` is the variant `make(fp32, dst)` writes, with the
+    fp32 file's metadata (block_size, the vocabulary's hash: what OnnxBackend checks)."""
     folder = Path(shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("*.png", "metrics.jsonl")))
     if make is not None:
-        make(source / "onnx" / FP32_FILE_NAME, folder / "onnx" / INT8_FILE_NAME)
+        fp32, dst = source / "onnx" / FP32_FILE_NAME, folder / "onnx" / INT8_FILE_NAME
+        make(fp32, dst)
+        variant = onnx.load(str(dst))
+        onnx.helper.set_model_props(variant, {p.key: p.value for p in onnx.load(str(fp32)).metadata_props})
+        onnx.save(variant, str(dst))
     return folder
 
 
