@@ -3,6 +3,7 @@ them exported to ONNX once per session."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +46,13 @@ def tokenizer():
     from gpt_serve import CharTokenizer
 
     return CharTokenizer(chars=list(TINY_SHAKESPEARE_CHARS))
+
+
+def edit_json(path: Path, change) -> None:
+    """Rewrites the JSON file at `path` after `change(data)` edits it in place (damaging a model folder's files)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    change(data)
+    path.write_text(json.dumps(data), encoding="utf-8")
 
 
 def make_tiny_model(seed: int = 0, **overrides):

@@ -3,7 +3,6 @@ clear error naming the problem (exit status 2 on the command lines, no traceback
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -11,13 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpt_serve.generation import load_backend
-
-
-def _json(folder: Path, name: str, change) -> None:
-    path = folder / name
-    data = json.loads(path.read_text(encoding="utf-8"))
-    change(data)
-    path.write_text(json.dumps(data), encoding="utf-8")
+from tests.conftest import edit_json
 
 
 def _swap(vocab: dict) -> None:
@@ -50,24 +43,24 @@ DAMAGE = {
     "config a JSON list": (lambda f: (f / "config.json").write_text("[1, 2]"), ["torch", "onnx"], "JSON object"),
     "config not JSON": (lambda f: (f / "config.json").write_text("{oops"), ["torch", "onnx"], "config.json"),
     "config vocab_size not the weights'": (
-        lambda f: _json(f, "config.json", lambda c: c.update(vocab_size=66)),
+        lambda f: edit_json(f / "config.json", lambda c: c.update(vocab_size=66)),
         ["torch", "onnx"],
         "vocab_size 66",
     ),
     "vocab of the wrong size": (
-        lambda f: _json(f, "vocab.json", lambda v: v.pop("z")),
+        lambda f: edit_json(f / "vocab.json", lambda v: v.pop("z")),
         ["torch", "onnx"],
         "vocab.json has 64 characters",
     ),
     "vocab with swapped characters": (
-        lambda f: (_json(f, "vocab.json", _swap), (f / "tokenizer.json").unlink()),
+        lambda f: (edit_json(f / "vocab.json", _swap), (f / "tokenizer.json").unlink()),
         ["torch", "onnx"],
         "not the vocabulary the model was trained with",
     ),
     "vocab not JSON": (lambda f: (f / "vocab.json").write_text("{"), ["torch", "onnx"], "vocab.json is not valid JSON"),
     "vocab missing": (lambda f: (f / "vocab.json").unlink(), ["torch", "onnx"], "vocabulary file not found"),
     "tokenizer.json disagrees": (
-        lambda f: _json(f, "tokenizer.json", lambda t: t["model"]["vocab"].update(a=64)),
+        lambda f: edit_json(f / "tokenizer.json", lambda t: t["model"]["vocab"].update(a=64)),
         ["torch", "onnx"],
         "disagree on the vocabulary",
     ),

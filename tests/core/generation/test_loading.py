@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from gpt_serve.generation import BACKENDS, LoadedModel, load_backend
 from gpt_serve.generation.onnx_backend import OnnxBackend
 from gpt_serve.generation.torch_backend import TorchBackend
+from tests.conftest import edit_json
 
 
 def copy(folder: Path, tmp_path: Path) -> Path:
@@ -51,9 +51,7 @@ def test_bad_arguments_are_named(args, message):
 @pytest.mark.parametrize("key", list(BACKENDS))
 def test_a_vocabulary_of_the_wrong_size_is_refused_by_every_backend(exported_dir, tmp_path, key):
     folder = copy(exported_dir, tmp_path)
-    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-    vocab.pop(max(vocab, key=vocab.get))  # 64 characters for a 65-row model
-    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    edit_json(folder / "vocab.json", lambda vocab: vocab.pop(max(vocab, key=vocab.get)))  # 64 for a 65-row model
     with pytest.raises(ValueError, match="vocab.json has 64 characters but .*config.json says .* vocab_size 65"):
         load_backend(folder, key)
 
@@ -61,9 +59,7 @@ def test_a_vocabulary_of_the_wrong_size_is_refused_by_every_backend(exported_dir
 @pytest.mark.parametrize("key", list(BACKENDS))
 def test_a_vocabulary_with_swapped_characters_is_refused_by_every_backend(exported_dir, tmp_path, key):
     folder = copy(exported_dir, tmp_path)
-    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-    vocab["a"], vocab["e"] = vocab["e"], vocab["a"]  # the right size, the wrong letters
-    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    edit_json(folder / "vocab.json", lambda vocab: vocab.update(a=vocab["e"], e=vocab["a"]))  # the wrong letters
     (folder / "tokenizer.json").unlink()  # else that file's disagreement is reported first
     with pytest.raises(ValueError, match="vocab.json is not the vocabulary the model was trained with"):
         load_backend(folder, key)
@@ -72,9 +68,7 @@ def test_a_vocabulary_with_swapped_characters_is_refused_by_every_backend(export
 @pytest.mark.parametrize("key", list(BACKENDS))
 def test_a_tokenizer_json_that_disagrees_with_vocab_json_is_refused(exported_dir, tmp_path, key):
     folder = copy(exported_dir, tmp_path)
-    fast = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-    fast["model"]["vocab"]["a"] = 64
-    (folder / "tokenizer.json").write_text(json.dumps(fast), encoding="utf-8")
+    edit_json(folder / "tokenizer.json", lambda fast: fast["model"]["vocab"].update(a=64))
     with pytest.raises(ValueError, match="tokenizer.json and .*vocab.json disagree on the vocabulary"):
         load_backend(folder, key)
     (folder / "tokenizer.json").write_text("{", encoding="utf-8")
