@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import socket
 import statistics
@@ -81,11 +82,13 @@ def api_stream(url: str, model: str, backend: str, prompt: str, tokens: int, win
     return consume
 
 
-def demo_stream(url: str, model: str, backend: str, prompt: str, tokens: int, window_mode: str):
-    """The same through the demo's /generate (gradio_client): each update is the whole text so far."""
+def demo_stream(url: str, model: str, backend: str, prompt: str, tokens: int, window_mode: str, streams: int = 64):
+    """The same through the demo's /generate (gradio_client): each update is the whole text so far. The client runs
+    each job on a thread of its own pool, 40 by default: sized for `streams` here, or the streams past 40 would wait
+    in the client for a free thread (that had put 16-30 s of client-side waiting into the 64-stream TTFT p95)."""
     from gradio_client import Client
 
-    client = Client(url, verbose=False)
+    client = Client(url, verbose=False, max_workers=streams + 2, analytics_enabled=False)
     settings = dict(prompt=prompt, max_new_tokens=tokens, temperature=0.8, top_k=None, top_p=1.0)
     settings.update(backend=backend, model=model, window_mode=window_mode, unk_policy="error")
 
@@ -225,7 +228,10 @@ def bench(args, work: Path) -> int:
                 consume = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), args.tokens, args.window_mode)
                 warm = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), 8, args.window_mode)
             else:
-                stream = api_stream if args.over == "api" else demo_stream
+                if args.over == "api":
+                    stream = api_stream
+                else:
+                    stream = functools.partial(demo_stream, streams=max(args.streams))
                 consume = stream(server[1], args.model, key, args.prompt, args.tokens, args.window_mode)
                 warm = stream(server[1], args.model, key, args.prompt, 8, args.window_mode)
             try:
