@@ -71,8 +71,10 @@ def dynamic(fp32: Path, dst: Path) -> None:
 
 def variant_folder(source: Path, work: Path, name: str, make) -> Path:
     """A copy of the model folder whose `onnx/model_quantized.onnx` is the variant `make(fp32, dst)` writes, with the
-    fp32 file's metadata (block_size, the vocabulary's hash: what OnnxBackend checks)."""
-    folder = Path(shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("*.png", "metrics.jsonl")))
+    fp32 file's metadata (block_size, the vocabulary's hash: what OnnxBackend checks). Without the in-place decode
+    graphs: every variant, the reference included, decodes on its Hugging Face layout graph."""
+    ignore = shutil.ignore_patterns("*.png", "metrics.jsonl", "decoder_inplace*.onnx")
+    folder = Path(shutil.copytree(source, work / name, ignore=ignore))
     if make is not None:
         fp32, dst = source / "onnx" / FP32_FILE_NAME, folder / "onnx" / INT8_FILE_NAME
         make(fp32, dst)

@@ -9,6 +9,9 @@ For each model it measures, on `--threads` threads (torch and ONNX Runtime alike
   - decode tokens/s past the window, from a full-window prompt, in both window modes ("exact": a full-window
     forward per token; "refill": the cache restarts from `refill_tokens` and grows again).
 Naive recompute is the lesson's loop (`torch_backend.full_recompute_generate`), re-running the window per token.
+"PyTorch engine" is what a single prompt runs (the engine's one-row batch, the scheduler's decode step); the
+"forward loop" rows run the engine's general loop (a left-padded batch's) on the backend's `KVBuffer` and on
+transformers' `StaticCache`. The ONNX Runtime rows decode on the folder's in-place graph where it has one.
 The lesson-size model (CharGPTConfig defaults: block 256, n_embd 384, 6 heads, 6 layers, 10.8M parameters) has
 random weights, exported on the fly into a temporary folder. Prints a markdown table. Not a test: numbers depend on
 the machine and its load.
@@ -65,6 +68,14 @@ class StaticCacheBackend(TorchBackend):
 
     def new_cache(self, batch: int) -> StaticCacheWindow:
         return StaticCacheWindow(self.config, batch)
+
+
+class ForwardLoop:
+    """A backend seen through `forward` alone: the engine then runs its general loop (the one a left-padded batch
+    takes) instead of the one-row batch it gives a single prompt, so the PyTorch caches can be compared."""
+
+    def __init__(self, backend):
+        self.block_size, self.vocab_size, self.forward = backend.block_size, backend.vocab_size, backend.forward
 
 
 def engine_run(backend, prompt: list[int], n: int, window_mode: str = "exact") -> tuple[float, float]:
@@ -129,7 +140,8 @@ def bench_model(name: str, folder: Path, text: str, args) -> list[dict]:
     paths = {
         "naive recompute (PyTorch)": None,
         "PyTorch engine (KV cache)": pytorch.backend,
-        "PyTorch engine, transformers StaticCache": StaticCacheBackend(model),
+        "PyTorch engine, forward loop, KVBuffer": ForwardLoop(pytorch.backend),
+        "PyTorch engine, forward loop, transformers StaticCache": ForwardLoop(StaticCacheBackend(model)),
         "ONNX Runtime fp32": load_backend(folder, "onnx", threads=args.threads).backend,
         "ONNX Runtime int8": load_backend(folder, "onnx-int8", threads=args.threads).backend,
     }

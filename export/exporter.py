@@ -21,16 +21,34 @@ import torch
 
 from gpt_serve.corpus import train_val_split
 from gpt_serve.generation import load_backend
-from gpt_serve.generation.onnx_backend import FP32_FILE_NAME, INT8_FILE_NAME, ONNX_SUBDIR, load_session, weights_sha256
+from gpt_serve.generation.onnx_backend import (
+    FP32_FILE_NAME,
+    INPLACE_FP32_FILE_NAME,
+    INPLACE_INT8_FILE_NAME,
+    INT8_FILE_NAME,
+    ONNX_SUBDIR,
+    load_session,
+    weights_sha256,
+)
 from gpt_serve.vocab import CharVocab
 
 from .genai import write_genai_files
-from .onnx_export import EXPORTER, EXPORTER_VERSION, OPSET, export_fp32, metadata, quantize_int8, write_metadata
+from .onnx_export import (
+    EXPORTER,
+    EXPORTER_VERSION,
+    OPSET,
+    export_fp32,
+    export_inplace_fp32,
+    metadata,
+    quantize_int8,
+    write_metadata,
+)
 from .validate import (
     FP32_LOGITS_ATOL,
     INT8_MAX_VAL_LOSS_INCREASE,
     ParityResult,
     check_graph,
+    compare_inplace_with_torch,
     compare_with_torch,
     eval_windows,
     onnx_val_loss,
@@ -64,6 +82,7 @@ class ExportReport:
     model_dir: Path
     opset: int
     files: dict[str, int] = field(default_factory=dict)  # path relative to model_dir -> bytes
+    # `parity`, `checker`: by graph, "fp32" and "int8" (the Hugging Face layout) and "fp32 in-place", "int8 in-place"
     seconds: dict[str, float] = field(default_factory=dict)  # export, quantize, validate
     checker: dict[str, str] = field(default_factory=dict)  # weights -> "ok" or the checker's error
     parity: dict[str, ParityResult] = field(default_factory=dict)  # weights -> ONNX Runtime vs PyTorch
@@ -98,7 +117,9 @@ def export_model(
     threads: int | None = None,
 ) -> ExportReport:
     """Exports, validates and (if every check passes) installs `MODEL_DIR/onnx/model.onnx` and, with `quantize`,
-    `MODEL_DIR/onnx/model_quantized.onnx`, with what onnxruntime-genai reads beside them (`export.genai`).
+    `MODEL_DIR/onnx/model_quantized.onnx`, with what onnxruntime-genai reads beside them (`export.genai`); and the
+    in-place decode graphs that `OnnxBackend` decodes with (`onnx/decoder_inplace.onnx`, with `quantize` also
+    `onnx/decoder_inplace_quantized.onnx`; see `export.onnx_export.DecoderInPlace`).
 
     Args:
         model_dir: a `save_pretrained` folder of a CharGPT model (with its tokenizer), or a shipped model's name.
@@ -156,20 +177,31 @@ def _versions() -> dict[str, str]:
     return {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": ort.__version__}
 
 
+INPLACE = " in-place"  # the in-place graphs' suffix in the report's keys
+
+
 def _write_graphs(model, vocab, source_sha256, work: Path, quantize: bool, opset: int, report) -> dict[str, Path]:
-    graphs = {"fp32": work / FP32_FILE_NAME}
-    start = time.perf_counter()
-    export_fp32(model, graphs["fp32"], metadata(model, vocab, "fp32", source_sha256, opset), opset)
-    report.seconds["export"] = time.perf_counter() - start
-    report.files[f"{ONNX_SUBDIR}/{FP32_FILE_NAME}"] = graphs["fp32"].stat().st_size
-    logger.info("exported %s in %.1f s", graphs["fp32"], report.seconds["export"])
+    """Both layouts' fp32 graphs and, with `quantize`, their int8 copies: {report key: path}."""
+    files = {"fp32": FP32_FILE_NAME, "fp32" + INPLACE: INPLACE_FP32_FILE_NAME}
     if quantize:
-        graphs["int8"] = work / INT8_FILE_NAME
+        files.update({"int8": INT8_FILE_NAME, "int8" + INPLACE: INPLACE_INT8_FILE_NAME})
+    graphs = {key: work / name for key, name in files.items()}
+    start = time.perf_counter()
+    for key, export in (("fp32", export_fp32), ("fp32" + INPLACE, export_inplace_fp32)):
+        values = metadata(model, vocab, "fp32", source_sha256, opset, inplace=key != "fp32")
+        export(model, graphs[key], values, opset)
+    report.seconds["export"] = time.perf_counter() - start
+    logger.info(
+        "exported %s in %.1f s", ", ".join(files[k] for k in graphs if k.startswith("fp32")), report.seconds["export"]
+    )
+    if quantize:
         start = time.perf_counter()
-        quantize_int8(graphs["fp32"], graphs["int8"])
-        write_metadata(graphs["int8"], metadata(model, vocab, "int8", source_sha256, opset))
+        for key in ("int8", "int8" + INPLACE):
+            quantize_int8(graphs[key.replace("int8", "fp32")], graphs[key])
+            write_metadata(graphs[key], metadata(model, vocab, "int8", source_sha256, opset, inplace=key != "int8"))
         report.seconds["quantize"] = time.perf_counter() - start
-        report.files[f"{ONNX_SUBDIR}/{INT8_FILE_NAME}"] = graphs["int8"].stat().st_size
+    for path in graphs.values():
+        report.files[f"{ONNX_SUBDIR}/{path.name}"] = path.stat().st_size
     return graphs
 
 
@@ -185,14 +217,17 @@ def _check_graphs(model, graphs: dict[str, Path], decode_steps: int, atol: float
             report.failures.append(f"onnx.checker rejected the {weights} graph: {e}")
             continue
         sessions[weights] = load_session(path, threads)
-        parity = compare_with_torch(model, sessions[weights], decode_steps)
+        inplace = weights.endswith(INPLACE)
+        parity = (compare_inplace_with_torch if inplace else compare_with_torch)(model, sessions[weights], decode_steps)
         report.parity[weights] = parity
         if not parity.names_ok:
             outputs = [o.name for o in sessions[weights].get_outputs()]
-            report.failures.append(f"{weights} graph outputs are {outputs}, not logits + present.*")
+            report.failures.append(
+                f"{weights} graph outputs are {outputs}, not logits + {'new' if inplace else 'present'}.*"
+            )
         elif parity.shape_errors:
             report.failures.append(f"{weights} output shapes differ from PyTorch: {'; '.join(parity.shape_errors)}")
-        elif weights == "fp32" and not (parity.max_abs_logits <= atol and parity.max_abs_cache <= atol):
+        elif weights.startswith("fp32") and not (parity.max_abs_logits <= atol and parity.max_abs_cache <= atol):
             report.failures.append(
                 f"fp32 graph differs from PyTorch: max |Δlogits| {parity.max_abs_logits:.2e}, max |Δcache| "
                 f"{parity.max_abs_cache:.2e} > {atol:.0e}"
@@ -219,4 +254,5 @@ def _install(onnx_dir: Path, files: list[Path], quantized: bool, report: ExportR
         os.replace(path, onnx_dir / path.name)
     if not quantized:  # an fp32-only export leaves no stale int8 graph behind
         (onnx_dir / INT8_FILE_NAME).unlink(missing_ok=True)
+        (onnx_dir / INPLACE_INT8_FILE_NAME).unlink(missing_ok=True)
     report.installed = True

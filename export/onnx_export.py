@@ -30,10 +30,14 @@ from transformers.cache_utils import DynamicCache
 
 from gpt_serve import __version__
 from gpt_serve.generation.onnx_backend import (
+    INPLACE_FORMAT,
+    INPLACE_INPUT_NAMES,
     INPUT_NAMES,
     LOGITS_NAME,
     ONNX_FORMAT,
     ONNX_FORMAT_VERSION,
+    cache_names,
+    new_names,
     past_names,
     present_names,
 )
@@ -47,6 +51,7 @@ EXPORTER = "torchscript"
 EXPORTER_VERSION = f"gpt_serve.export {__version__}"
 
 BATCH, SEQUENCE, PAST = "batch_size", "sequence_length", "past_sequence_length"
+COLUMNS = "cache_columns"  # the in-place graph's cache width
 TOTAL = f"{PAST} + {SEQUENCE}"  # Hugging Face's name for the attention mask and `present` length
 
 
@@ -74,6 +79,80 @@ class DecoderWithPast(nn.Module):
         for layer in out.cache.layers[:n_layer]:
             present += [layer.keys, layer.values]  # each (B, H, P + T, head_size)
         return (out.logits, *present)
+
+
+class _NewKeys:
+    """The `Cache` API part a block calls, for `DecoderInPlace`: keeps each layer's new keys/values (the graph's
+    outputs) and hands them on as they are; the cached ones come to the attention from the graph's inputs."""
+
+    def __init__(self):
+        self.new: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def update(self, key, value, layer_idx, *args, **kwargs):
+        self.new[layer_idx] = (key, value)
+        return key, value
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+class DecoderInPlace(nn.Module):
+    """One decode step of `CharGPTForCausalLM` over a cache that the caller keeps and updates in place.
+
+    forward(input_ids (B, 1), position_ids (B, 1), cache_lengths (B,), *cache) -> (logits (B, V), *new)
+    with `cache` = key, value of layer 0, key, value of layer 1, ... each (B, H, C, head_size), row b's keys in
+    columns `[0, cache_lengths[b])` (the rest is ignored, but must hold finite numbers), and `new` the new token's
+    keys/values (B, H, 1, head_size), for the caller to write at column `cache_lengths[b]`.
+
+    Why a second graph: the Hugging Face layout returns `present = Concat(past, new)`, so every step copies every
+    row's whole cache (a quarter of a 16-row decode step of the shipped model, by ONNX Runtime's profiler). Here the
+    attention reads the cache where it is and scores the new key on its own: `softmax([q K^T, q k_new] / sqrt(hs))`
+    over the row's own columns, then `p_cache V + p_new v_new`. The same numbers as the model up to float rounding
+    (`export.validate.compare_inplace_with_torch`). The blocks are the model's own; only the attention kernel and the
+    cache object are swapped in.
+    """
+
+    def __init__(self, model: CharGPTForCausalLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, position_ids, cache_lengths, *cache):
+        m = self.model
+        columns = torch.arange(cache[0].shape[2], device=input_ids.device)
+        hidden = columns[None, :] >= cache_lengths[:, None]  # (B, C): columns that are not the row's
+        bias = torch.zeros(hidden.shape, dtype=cache[0].dtype).masked_fill(hidden, torch.finfo(cache[0].dtype).min)
+        bias = bias[:, None, None, :]  # (B, 1, 1, C)
+
+        def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+            keys, values = cache[2 * module.layer_idx], cache[2 * module.layer_idx + 1]
+            cached = (query @ keys.transpose(-2, -1)) * scaling + bias  # (B, H, 1, C)
+            own = (query * key).sum(-1, keepdim=True) * scaling  # (B, H, 1, 1): the new token's key
+            weights = torch.softmax(torch.cat([cached, own], dim=-1), dim=-1)
+            y = weights[..., :-1] @ values + weights[..., -1:] * value  # (B, H, 1, hs)
+            return y.transpose(1, 2), None
+
+        new = _NewKeys()
+        x = m.drop(m.token_embedding_table(input_ids) + m.position_embedding_table(position_ids))
+        for block in m.blocks:
+            x, _ = block(x, attention=attention, attention_mask=None, cache=new)
+        logits = m.lm_head(m.ln_f(x))[:, -1]  # (B, V)
+        return (logits, *(t for i in range(len(m.blocks)) for t in new.new[i]))
+
+
+def inplace_example_inputs(model: CharGPTForCausalLM) -> tuple[torch.Tensor, ...]:
+    """Tracing inputs for `DecoderInPlace`: 2 rows with 3 and 1 cached tokens in a 4-column cache."""
+    config = model.config
+    B, C = 2, 4
+    input_ids = torch.tensor([[1], [2]]) % config.vocab_size
+    lengths = torch.tensor([3, 1])
+    cache = [torch.zeros(B, config.n_head, C, config.head_size) for _ in range(2 * config.n_layer)]
+    return (input_ids, lengths[:, None].clone(), lengths, *cache)
+
+
+def inplace_dynamic_axes(n_layer: int) -> dict[str, dict[int, str]]:
+    axes = {name: {0: BATCH} for name in (*INPLACE_INPUT_NAMES, LOGITS_NAME, *new_names(n_layer))}
+    axes.update({name: {0: BATCH, 2: COLUMNS} for name in cache_names(n_layer)})
+    return axes
 
 
 def example_inputs(model: CharGPTForCausalLM) -> tuple[torch.Tensor, ...]:
@@ -122,8 +201,21 @@ def eager_attention(model: CharGPTForCausalLM):
 def export_fp32(model: CharGPTForCausalLM, path: Path, values: dict[str, str], opset: int = OPSET) -> None:
     """Traces `model` (fp32, eval mode) into the KV-cache decoder graph, makes its head reshapes static
     (`static_reshapes`) and writes it to `path` with the metadata `values`, in one write."""
-    model = model.float().eval()
     n_layer = model.config.n_layer
+    inputs, outputs = [*INPUT_NAMES, *past_names(n_layer)], [LOGITS_NAME, *present_names(n_layer)]
+    _trace(model, DecoderWithPast, example_inputs(model), inputs, outputs, dynamic_axes(n_layer), path, values, opset)
+
+
+def export_inplace_fp32(model: CharGPTForCausalLM, path: Path, values: dict[str, str], opset: int = OPSET) -> None:
+    """`export_fp32` for the in-place decode graph (`DecoderInPlace`); `values` should name `INPLACE_FORMAT`."""
+    n_layer = model.config.n_layer
+    inputs, outputs = [*INPLACE_INPUT_NAMES, *cache_names(n_layer)], [LOGITS_NAME, *new_names(n_layer)]
+    axes = inplace_dynamic_axes(n_layer)
+    _trace(model, DecoderInPlace, inplace_example_inputs(model), inputs, outputs, axes, path, values, opset)
+
+
+def _trace(model, wrapper, example, input_names, output_names, axes, path: Path, values, opset: int) -> None:
+    model = model.float().eval()
     with warnings.catch_warnings(), eager_attention(model):
         # Expected: the exporter's deprecation notice, and tracer warnings about the model's input checks
         # (`if bool(...)`) being frozen. The frozen branches are the general ones (see the module docstring).
@@ -132,13 +224,13 @@ def export_fp32(model: CharGPTForCausalLM, path: Path, values: dict[str, str], o
         torch.onnx.export(
             # .eval(): the exporter restores the wrapper's mode afterwards, and a fresh Module is in training mode,
             # which would switch the model's dropout back on for everything after the export (the parity check)
-            DecoderWithPast(model).eval(),
-            example_inputs(model),
+            wrapper(model).eval(),
+            example,
             traced,
             dynamo=False,
-            input_names=[*INPUT_NAMES, *past_names(n_layer)],
-            output_names=[LOGITS_NAME, *present_names(n_layer)],
-            dynamic_axes=dynamic_axes(n_layer),
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes=axes,
             opset_version=opset,
             do_constant_folding=True,
         )
@@ -266,17 +358,23 @@ def quantize_int8(src: Path, dst: Path) -> None:
 
 
 def metadata(
-    model: CharGPTForCausalLM, vocab: CharVocab, weights: str, source_sha256: str | None, opset: int = OPSET
+    model: CharGPTForCausalLM,
+    vocab: CharVocab,
+    weights: str,
+    source_sha256: str | None,
+    opset: int = OPSET,
+    inplace: bool = False,
 ) -> dict[str, str]:
     """What a runtime needs to refuse a mismatched model folder, and where the file came from.
 
-    `source_sha256` is the sha256 of the `model.safetensors` the graph was exported from (None: not from a file).
+    `source_sha256` is the sha256 of the `model.safetensors` the graph was exported from (None: not from a file);
+    `inplace`: for the in-place decode graph (its own format name).
     """
     config = model.config
     if config.vocab_size != len(vocab):
         raise ValueError(f"the model has {config.vocab_size} token rows but the vocabulary {len(vocab)} characters")
     return {
-        "format": ONNX_FORMAT,
+        "format": INPLACE_FORMAT if inplace else ONNX_FORMAT,
         "format_version": ONNX_FORMAT_VERSION,
         "exporter_version": EXPORTER_VERSION,
         "exporter": EXPORTER,

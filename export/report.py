@@ -21,6 +21,11 @@ def _parity_line(report: ExportReport, weights: str) -> str:
     if not p.names_ok or p.shape_errors:
         return "names/shapes FAILED"
     rows = ", ".join(map(str, p.batch_lengths))
+    if weights.endswith("in-place"):
+        return (
+            f"max |Δlogits| decode {p.max_abs_logits_decode:.1e}; max |Δnew keys/values| {p.max_abs_cache:.1e} "
+            f"(rows of {rows} cached tokens, {p.decode_steps} decode steps)"
+        )
     return (
         f"max |Δlogits| prefill {p.max_abs_logits_prefill:.1e}, decode {p.max_abs_logits_decode:.1e}; "
         f"max |Δcache| {p.max_abs_cache:.1e} (left-padded batch of rows {rows}, {p.decode_steps} decode steps)"
@@ -38,7 +43,7 @@ def format_report(report: ExportReport) -> str:
     lines.append("  time           " + ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items()))
     lines.append("  onnx.checker   " + ", ".join(f"{k} {v}" for k, v in report.checker.items()))
     for weights in report.parity:
-        rule = f"limit {report.atol:.0e}" if weights == "fp32" else "reported, not checked"
+        rule = f"limit {report.atol:.0e}" if weights.startswith("fp32") else "reported, not checked"
         lines.append(f"  ORT vs torch   {weights}: {_parity_line(report, weights)} [{rule}]")
     v = report.val_loss
     if v is not None:
@@ -82,10 +87,15 @@ Exported and validated by `{command}`
 |---|---|---|
 {sizes}
 
-One decoder graph with a KV cache serves prefill (empty past) and decode. Inputs `input_ids`, `attention_mask`,
-`position_ids`, `past_key_values.{{i}}.key/.value`; outputs `logits`, `present.{{i}}.key/.value`; dynamic dims
-`batch_size`, `sequence_length`, `past_sequence_length`. The file's metadata holds `block_size` and the vocabulary's
-sha256, checked against `vocab.json` at load time.
+`model*.onnx`: one decoder graph with a KV cache in Hugging Face's layout serves prefill (empty past) and decode.
+Inputs `input_ids`, `attention_mask`, `position_ids`, `past_key_values.{{i}}.key/.value`; outputs `logits`,
+`present.{{i}}.key/.value`; dynamic dims `batch_size`, `sequence_length`, `past_sequence_length`.
+`decoder_inplace*.onnx`: one decode step over a cache the caller keeps and updates in place (gpt-serve's ONNX
+backend decodes with it).
+Inputs `input_ids`, `position_ids` (batch, 1), `cache_lengths` (batch), `cache.{{i}}.key/.value` (batch, heads,
+columns, head size; row b's keys in columns `[0, cache_lengths[b])`); outputs `logits` (batch, vocab) and
+`new.{{i}}.key/.value` (batch, heads, 1, head size), to be written at column `cache_lengths[b]`. Each file's metadata
+holds `block_size` and the vocabulary's sha256, checked against `vocab.json` at load time.
 
 - `onnx.checker`: {", ".join(f"{k} {c}" for k, c in report.checker.items())}.
 {parity}

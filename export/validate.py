@@ -17,7 +17,15 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from gpt_serve.generation.engine import left_pad
-from gpt_serve.generation.onnx_backend import INPUT_NAMES, LOGITS_NAME, past_names, present_names
+from gpt_serve.generation.onnx_backend import (
+    INPLACE_INPUT_NAMES,
+    INPUT_NAMES,
+    LOGITS_NAME,
+    cache_names,
+    new_names,
+    past_names,
+    present_names,
+)
 from gpt_serve.modeling_chargpt import CharGPTForCausalLM
 
 FP32_LOGITS_ATOL = 1e-4
@@ -94,11 +102,7 @@ def compare_with_torch(
         for i, layer in enumerate(out.cache.layers[:n_layer]):
             torch_out[f"present.{i}.key"], torch_out[f"present.{i}.value"] = layer.keys.numpy(), layer.values.numpy()
 
-        for name in expected_outputs:
-            if ort_out[name].shape != torch_out[name].shape:
-                result.shape_errors.append(
-                    f"step {step} {name}: ORT {ort_out[name].shape}, torch {torch_out[name].shape}"
-                )
+        result.shape_errors += _shape_errors(step, expected_outputs, ort_out, torch_out)
         if result.shape_errors:
             return result
         real_new = mask[:, -new_ids.shape[1] :].astype(bool)  # (B, T): logits of padding positions are meaningless
@@ -116,6 +120,80 @@ def compare_with_torch(
         ort_past = [ort_out[name] for name in present_names(n_layer)]
         new_ids = next_token
         mask = np.concatenate([mask, np.ones((B, 1), dtype=np.int64)], axis=1)
+    return result
+
+
+def _shape_errors(step: int, names: list[str], ort_out: dict, torch_out: dict) -> list[str]:
+    return [
+        f"step {step} {name}: ORT {ort_out[name].shape}, torch {torch_out[name].shape}"
+        for name in names
+        if ort_out[name].shape != torch_out[name].shape
+    ]
+
+
+def compare_inplace_with_torch(
+    model: CharGPTForCausalLM, session: ort.InferenceSession, decode_steps: int = 4, seed: int = 0
+) -> ParityResult:
+    """Max |ONNX Runtime - PyTorch| of the in-place decode graph (`export.onnx_export.DecoderInPlace`) over logits
+    and new keys/values, names and shapes checked, for rows of different lengths decoding `decode_steps` steps.
+
+    Each row's cache is what PyTorch's prefill of that row alone gives, in the columns `[0, length)` of a
+    `block_size`-column buffer whose other columns hold random numbers (the graph must ignore them); after each
+    step the graph's new keys/values are written at the row's next column, as `OnnxInPlaceBatch` does, and both
+    sides are fed the token PyTorch ranks first."""
+    config = model.config
+    n_layer, C = config.n_layer, config.block_size
+    lengths = parity_batch(config.block_size, decode_steps)
+    B = len(lengths)
+    expected_outputs = [LOGITS_NAME, *new_names(n_layer)]
+    result = ParityResult(lengths, decode_steps, names_ok=[o.name for o in session.get_outputs()] == expected_outputs)
+    if not result.names_ok:
+        return result
+    rng = np.random.default_rng(seed)
+    cache = [
+        rng.standard_normal((B, config.n_head, C, config.head_size)).astype(np.float32) for _ in range(2 * n_layer)
+    ]
+    torch_caches, tokens = [], np.zeros(B, dtype=np.int64)
+    with torch.inference_mode():
+        for b, length in enumerate(lengths):
+            prompt = torch.from_numpy(rng.integers(0, config.vocab_size, (1, length)))
+            out = model(input_ids=prompt, cache=DynamicCache(config=config), use_cache=True)
+            for i, layer in enumerate(out.cache.layers[:n_layer]):
+                cache[2 * i][b, :, :length], cache[2 * i + 1][b, :, :length] = layer.keys[0], layer.values[0]
+            torch_caches.append(out.cache)
+            tokens[b] = int(out.logits[0, -1].argmax())
+    filled = np.array(lengths, dtype=np.int64)
+    rows = np.arange(B)
+    for step in range(decode_steps):
+        feeds = dict(zip(INPLACE_INPUT_NAMES, (tokens[:, None], filled[:, None].copy(), filled.copy()), strict=True))
+        feeds.update(zip(cache_names(n_layer), cache, strict=True))
+        ort_out = dict(zip(expected_outputs, session.run(expected_outputs, feeds), strict=True))
+        torch_out = {LOGITS_NAME: np.zeros((B, config.vocab_size), dtype=np.float32)}
+        torch_out.update(
+            {name: np.zeros((B, config.n_head, 1, config.head_size), np.float32) for name in new_names(n_layer)}
+        )
+        with torch.inference_mode():
+            for b in range(B):
+                out = model(
+                    input_ids=torch.tensor([[tokens[b]]]),
+                    position_ids=torch.tensor([[filled[b]]]),
+                    cache=torch_caches[b],
+                    use_cache=True,
+                )
+                torch_out[LOGITS_NAME][b] = out.logits[0, -1].float().numpy()
+                for i, layer in enumerate(out.cache.layers[:n_layer]):
+                    torch_out[f"new.{i}.key"][b] = layer.keys[0, :, -1:].numpy()
+                    torch_out[f"new.{i}.value"][b] = layer.values[0, :, -1:].numpy()
+        result.shape_errors += _shape_errors(step, expected_outputs, ort_out, torch_out)
+        if result.shape_errors:
+            return result
+        logits_diff = float(np.abs(ort_out[LOGITS_NAME] - torch_out[LOGITS_NAME]).max())
+        result.max_abs_logits_decode = max(result.max_abs_logits_decode, logits_diff)
+        for name, buffer in zip(new_names(n_layer), cache, strict=True):
+            result.max_abs_cache = max(result.max_abs_cache, float(np.abs(ort_out[name] - torch_out[name]).max()))
+            buffer[rows, :, filled] = ort_out[name][:, :, 0]  # the graph's own cache, updated in place
+        tokens = torch_out[LOGITS_NAME].argmax(-1).astype(np.int64)
+        filled += 1
     return result
 
 

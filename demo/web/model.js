@@ -200,7 +200,7 @@ export class OnnxModel {
         // The int8 file's weights are int8, each read through a DequantizeLinear: folded into fp32 weights once,
         // at load, instead of fused into onnxruntime-web's int8 MatMulNBits kernel (~3x slower in WebAssembly
         // here). The arithmetic is then the fp32 graph's: the Python engine's tokens, OnnxBackend(...,
-        // int8_compute=False). No effect on the fp32 file.
+        // int8_compute=False, inplace=False). No effect on the fp32 file.
         extra: { session: { disable_quant_qdq: "1" } },
       });
     } catch (e) {

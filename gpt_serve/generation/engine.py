@@ -108,10 +108,13 @@ def generate_tokens(
     prompts = [list(p) for p in prompts]
     for b, p in enumerate(prompts):
         check_prompt_ids(p, backend.vocab_size, f"prompt {b}")
-    ids, mask = left_pad(prompts, extra=max_new_tokens)
-    total = max(len(p) for p in prompts)  # columns filled so far
     rng = np.random.default_rng(seed)
     stops = np.asarray(list(stop_token_ids), dtype=np.int64)
+    if len(prompts) == 1 and hasattr(backend, "new_batch"):
+        yield from _one_row(backend, prompts[0], max_new_tokens, sampling, rng, keep, window_mode == "exact", stops)
+        return
+    ids, mask = left_pad(prompts, extra=max_new_tokens)
+    total = max(len(p) for p in prompts)  # columns filled so far
     stopped = np.zeros(len(prompts), dtype=bool)
     cache, start, cached = None, 0, 0  # the cache holds columns [start, start + cached)
     for _ in range(max_new_tokens):
@@ -131,6 +134,38 @@ def generate_tokens(
             stopped |= np.isin(token, stops)
             if stopped.all():
                 return
+
+
+def _one_row(backend, prompt: list[int], max_new_tokens: int, sampling, rng, keep: int, exact: bool, stops):
+    """`generate_tokens` for one prompt, on a backend's `DecodeBatch` of one row (`backend.new_batch`): the same
+    forward passes as the scheduler's for a request alone (`gpt_serve.generation.scheduler`), so a prompt gets the
+    same tokens from this loop as from a server, whatever else the server runs. Same window rule as the batched
+    loop: past `block_size`, `"exact"` runs a full-window forward per token and `"refill"` prefills the last `keep`
+    tokens again."""
+    block = backend.block_size
+    ids = list(prompt)
+    start = len(ids) - keep if len(ids) > block else 0  # the window is ids[start:]
+    batch, in_batch = backend.new_batch(1), False
+    for _ in range(max_new_tokens):
+        if len(ids) - start > block:  # the new token no longer fits: slide the window
+            if in_batch:
+                batch.remove(0)
+                in_batch = False
+            start = len(ids) - keep
+        if exact and start > 0:  # a full-window forward, the lesson's idx[:, -block_size:]
+            window = np.asarray(ids[-block:], dtype=np.int64)[None]
+            logits, _ = backend.forward(window, np.ones_like(window), np.arange(block)[None], None)
+        elif not in_batch:  # prefill the window
+            logits, in_batch = batch.add(ids[start:])[None], True
+        else:
+            logits = batch.step(np.asarray(ids[-1:], dtype=np.int64))
+        context = np.asarray(ids, dtype=np.int64)[None]
+        logits = apply_repetition_penalty(logits, context, np.ones_like(context), sampling.repetition_penalty)
+        token = sample_next(logits, sampling, rng).astype(np.int64)
+        ids.append(int(token[0]))
+        yield token
+        if stops.size and np.isin(token, stops).all():
+            return
 
 
 def encode_prompt(vocab, prompt: str, unk_policy: str | None = None) -> list[int]:

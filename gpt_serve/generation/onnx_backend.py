@@ -40,6 +40,11 @@ logger = logging.getLogger(__name__)
 ONNX_SUBDIR = "onnx"
 FP32_FILE_NAME = "model.onnx"
 INT8_FILE_NAME = "model_quantized.onnx"
+# The decode graph with a cache updated in place, beside the Hugging Face layout graph (see `OnnxInPlaceBatch`).
+INPLACE_FP32_FILE_NAME = "decoder_inplace.onnx"
+INPLACE_INT8_FILE_NAME = "decoder_inplace_quantized.onnx"
+INPLACE_INPUT_NAMES = ("input_ids", "position_ids", "cache_lengths")
+INPLACE_FORMAT = "chargpt-decoder-inplace"
 INPUT_NAMES = ("input_ids", "attention_mask", "position_ids")
 LOGITS_NAME = "logits"
 # Metadata stored in the ONNX file (`metadata_props`), all as strings.
@@ -67,6 +72,22 @@ PAST_NAME = "past_key_values.{layer}.{kind}"
 PRESENT_NAME = "present.{layer}.{kind}"
 
 
+# The in-place graph's cache inputs (every row's keys/values at columns [0, cache_lengths[row])) and its outputs
+# (the new token's keys/values, which the caller writes into its cache at column cache_lengths[row]).
+CACHE_NAME = "cache.{layer}.{kind}"
+NEW_NAME = "new.{layer}.{kind}"
+
+
+def cache_names(n_layer: int) -> list[str]:
+    """The in-place graph's cache inputs in graph order: cache.0.key, cache.0.value, cache.1.key, ..."""
+    return [CACHE_NAME.format(layer=i, kind=kind) for i in range(n_layer) for kind in ("key", "value")]
+
+
+def new_names(n_layer: int) -> list[str]:
+    """The in-place graph's outputs after the logits, matching `cache_names`: new.0.key, new.0.value, ..."""
+    return [NEW_NAME.format(layer=i, kind=kind) for i in range(n_layer) for kind in ("key", "value")]
+
+
 def past_names(n_layer: int) -> list[str]:
     """Cache inputs in graph order: past_key_values.0.key, past_key_values.0.value, past_key_values.1.key, ..."""
     return [PAST_NAME.format(layer=i, kind=kind) for i in range(n_layer) for kind in ("key", "value")]
@@ -77,8 +98,11 @@ def present_names(n_layer: int) -> list[str]:
     return [PRESENT_NAME.format(layer=i, kind=kind) for i in range(n_layer) for kind in ("key", "value")]
 
 
-def onnx_path(model_dir: str | os.PathLike, quantized: bool = False) -> Path:
-    """Where the fp32 (`onnx/model.onnx`) or int8 (`onnx/model_quantized.onnx`) graph of a model folder lives."""
+def onnx_path(model_dir: str | os.PathLike, quantized: bool = False, inplace: bool = False) -> Path:
+    """Where the fp32 (`onnx/model.onnx`) or int8 (`onnx/model_quantized.onnx`) graph of a model folder lives; with
+    `inplace`, its in-place decode graph (`onnx/decoder_inplace.onnx`, `onnx/decoder_inplace_quantized.onnx`)."""
+    if inplace:
+        return Path(model_dir) / ONNX_SUBDIR / (INPLACE_INT8_FILE_NAME if quantized else INPLACE_FP32_FILE_NAME)
     return Path(model_dir) / ONNX_SUBDIR / (INT8_FILE_NAME if quantized else FP32_FILE_NAME)
 
 
@@ -163,6 +187,9 @@ class OnnxBackend:
         threads: intra-op threads (None: ONNX Runtime's default, one per physical core).
         providers: ONNX Runtime execution providers (default `["CPUExecutionProvider"]`). With the CUDA provider
             first, the KV cache stays on the GPU between steps.
+        inplace: decode with the folder's in-place decode graph where it has one (`onnx/decoder_inplace*.onnx`,
+            written by `python -m export` since it exists; see `OnnxInPlaceBatch`); False, or a folder without it:
+            every step runs the Hugging Face layout graph.
 
     Raises:
         FileNotFoundError: the ONNX file (or `vocab.json`) is missing.
@@ -177,13 +204,14 @@ class OnnxBackend:
         threads: int | None = None,
         providers=None,
         int8_compute: bool = True,
+        inplace: bool = True,
     ):
         self.model_dir = model_path(str(model_dir))
         self.quantized = bool(quantized)
         self.path = onnx_path(self.model_dir, self.quantized)
         self.session = load_session(self.path, threads, providers, int8_compute)
         self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
-        self._check_metadata()
+        self._check_metadata(self.path, self.metadata, ONNX_FORMAT)
         self.block_size = int(self.metadata["block_size"])
         self.vocab_size = int(self.metadata["vocab_size"])
         self.n_layer = int(self.metadata["n_layer"])
@@ -197,6 +225,15 @@ class OnnxBackend:
         first = self.session.get_providers()[0]
         self._cache_device = "cuda" if first == "CUDAExecutionProvider" else "cpu"
         self._empty_past: dict[int, Any] = {}  # batch size -> an empty (B, H, 0, head_size) past, made once
+        self.inplace_path = onnx_path(self.model_dir, self.quantized, inplace=True)
+        self.inplace_session = None
+        if inplace and self._cache_device == "cpu" and self.inplace_path.is_file():
+            self.inplace_session = load_session(self.inplace_path, threads, providers, int8_compute)
+            self._check_inplace_graph()
+        elif inplace and self._cache_device == "cpu":
+            logger.info(
+                "%s has no %s: decoding with the Hugging Face layout graph", self.model_dir, self.inplace_path.name
+            )
 
     def __repr__(self) -> str:
         kind = "int8" if self.quantized else "fp32"
@@ -206,19 +243,43 @@ class OnnxBackend:
     def providers(self) -> list[str]:
         return self.session.get_providers()
 
-    def _check_metadata(self) -> None:
-        missing = [k for k in REQUIRED_METADATA if k not in self.metadata]
+    def _check_metadata(self, path: Path, metadata: dict[str, str], expected_format: str) -> None:
+        missing = [k for k in REQUIRED_METADATA if k not in metadata]
         if missing:
             raise ValueError(
-                f"{self.path} lacks the metadata {missing} that `python -m export` writes (block size, vocabulary "
+                f"{path} lacks the metadata {missing} that `python -m export` writes (block size, vocabulary "
                 f"hash, ...); it was not exported by gpt-serve. Re-" + EXPORT_HINT.format(model_dir=self.model_dir)
             )
-        if (self.metadata["format"], self.metadata["format_version"]) != (ONNX_FORMAT, ONNX_FORMAT_VERSION):
+        if (metadata["format"], metadata["format_version"]) != (expected_format, ONNX_FORMAT_VERSION):
             raise ValueError(
-                f"{self.path} has ONNX format {self.metadata['format']!r} version {self.metadata['format_version']!r}; "
-                f"this gpt_serve reads {ONNX_FORMAT!r} version {ONNX_FORMAT_VERSION!r}. Re-"
+                f"{path} has ONNX format {metadata['format']!r} version {metadata['format_version']!r}; "
+                f"this gpt_serve reads {expected_format!r} version {ONNX_FORMAT_VERSION!r} there. Re-"
                 + EXPORT_HINT.format(model_dir=self.model_dir)
             )
+
+    def _check_inplace_graph(self) -> None:
+        """The in-place graph must come from the same export as the main graph (same weights, vocabulary and
+        shapes: its metadata equal but for the format) and have the in-place inputs and outputs."""
+        path, metadata = self.inplace_path, dict(self.inplace_session.get_modelmeta().custom_metadata_map)
+        self._check_metadata(path, metadata, INPLACE_FORMAT)
+        differ = sorted(
+            k for k in set(metadata) | set(self.metadata) if k != "format" and metadata.get(k) != self.metadata.get(k)
+        )
+        if differ:
+            raise ValueError(
+                f"{path} and {self.path} come from different exports (their metadata differ in {differ}): the "
+                f"folder mixes files of two models or two exports. Re-" + EXPORT_HINT.format(model_dir=self.model_dir)
+            )
+        inputs = [i.name for i in self.inplace_session.get_inputs()]
+        outputs = [o.name for o in self.inplace_session.get_outputs()]
+        expected_inputs = [*INPLACE_INPUT_NAMES, *cache_names(self.n_layer)]
+        expected_outputs = [LOGITS_NAME, *new_names(self.n_layer)]
+        if sorted(inputs) != sorted(expected_inputs) or outputs != expected_outputs:
+            raise ValueError(
+                f"{path} has inputs {sorted(inputs)} and outputs {outputs}; expected inputs {expected_inputs} "
+                f"and outputs {expected_outputs}"
+            )
+        self._cache_names, self._new_names = cache_names(self.n_layer), new_names(self.n_layer)
 
     def _check_vocab_and_config(self) -> None:
         vocab_file = self.model_dir / VOCAB_FILE_NAME
@@ -264,9 +325,30 @@ class OnnxBackend:
             if inputs[name] != "tensor(int64)":
                 raise ValueError(f"{self.path}: input {name!r} is {inputs[name]}, expected tensor(int64)")
 
-    def new_batch(self, max_rows: int) -> OnnxDecodeBatch:
-        """An empty batch of at most `max_rows` rows for the scheduler (`gpt_serve.generation.scheduler`)."""
+    def new_batch(self, max_rows: int) -> OnnxInPlaceBatch | OnnxDecodeBatch:
+        """An empty batch of at most `max_rows` rows for the scheduler (`gpt_serve.generation.scheduler`): on the
+        in-place graph where the folder has one, else on the Hugging Face layout graph."""
+        if self.inplace_session is not None:
+            return OnnxInPlaceBatch(self, max_rows)
         return OnnxDecodeBatch(self, max_rows)
+
+    def decode_inplace(self, tokens: np.ndarray, lengths: np.ndarray, cache: list[np.ndarray]) -> tuple:
+        """One token per row through the in-place graph: `tokens`, `lengths` int64 (rows,) (each row's cached
+        tokens, which are also the new token's position), `cache` the graph's `cache.*` inputs, contiguous float32
+        (rows, H, columns, head_size) with row b's keys in columns `[0, lengths[b])`. Returns (logits (rows, V),
+        the new keys/values [(rows, H, 1, head_size)] in `cache_names` order) without touching `cache`."""
+        binding = self.inplace_session.io_binding()
+        binding.bind_cpu_input("input_ids", tokens[:, None])
+        binding.bind_cpu_input("position_ids", lengths[:, None])
+        binding.bind_cpu_input("cache_lengths", lengths)
+        for name, array in zip(self._cache_names, cache, strict=True):
+            binding.bind_cpu_input(name, array)  # no copy: ONNX Runtime reads the caller's buffer
+        binding.bind_output(LOGITS_NAME, "cpu")
+        for name in self._new_names:
+            binding.bind_output(name, "cpu")
+        self.inplace_session.run_with_iobinding(binding)
+        outputs = [v.numpy() for v in binding.get_outputs()]
+        return outputs[0], outputs[1:]
 
     def forward(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, cache: OnnxCache | None
@@ -419,6 +501,100 @@ class OnnxDecodeBatch:
         return logits
 
 
+class OnnxInPlaceBatch:
+    """Rows decoding together on an `OnnxBackend`'s in-place graph (see `gpt_serve.generation.scheduler.DecodeBatch`).
+
+    Every row's keys/values live in buffers per layer (max_rows, H, columns, head_size): row r's window positions
+    0..L-1 in columns 0..L-1 (a window always starts at position 0, so no row needs padding). A step feeds the first
+    `len(self)` rows of the buffers to the graph as they are (a contiguous view, not a copy) and writes the new
+    keys/values at each row's next column. A new row is prefilled alone on the Hugging Face layout graph and copied
+    in; a row that leaves is replaced by the last one (one row copied). Nothing is concatenated: the cost of a step
+    does not include copying every row's cache, as the Hugging Face layout's `present = Concat(past, new)` does.
+
+    The graph attends over every column of the buffers (masked past each row's length), so the buffers are kept
+    just wide enough: `columns` is the longest row's length + 1 rounded up to `COLUMNS_STEP` (at most
+    `block_size`), reallocated (every row copied once) when a row outgrows it and when the longest row has become
+    `COLUMNS_STEP` shorter than it.
+    """
+
+    COLUMNS_STEP = 32
+
+    def __init__(self, backend: OnnxBackend, max_rows: int):
+        self.backend, self.max_rows = backend, max_rows
+        self.lengths = np.zeros(max_rows, dtype=np.int64)
+        self.rows = 0
+        self.cache: list[np.ndarray] = []
+        self._resize(self._columns_for(1))
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def _columns_for(self, needed: int) -> int:
+        step = self.COLUMNS_STEP
+        return min(self.backend.block_size, -(-needed // step) * step)
+
+    def _resize(self, columns: int) -> None:
+        """Buffers of `columns` columns (zeros: masked columns must hold finite numbers), the rows copied over."""
+        b = self.backend
+        shape = (self.max_rows, b.n_head, columns, b.head_size)
+        old, self.cache = self.cache, [np.zeros(shape, dtype=np.float32) for _ in range(2 * b.n_layer)]
+        if old:
+            kept = min(columns, old[0].shape[2])
+            for new, buffer in zip(self.cache, old, strict=True):
+                new[: self.rows, :, :kept] = buffer[: self.rows, :, :kept]
+        self.columns = columns
+
+    def _fit(self, needed: int) -> None:
+        """Makes the buffers hold `needed` columns, and no more than `COLUMNS_STEP` beyond what is needed."""
+        columns = self._columns_for(needed)
+        if columns > self.columns or columns + self.COLUMNS_STEP <= self.columns:
+            self._resize(columns)
+
+    def add(self, ids) -> np.ndarray:
+        if self.rows >= self.max_rows:
+            raise ValueError(f"the batch holds {self.max_rows} rows at most")
+        ids = np.asarray(ids, dtype=np.int64)[None]  # (1, L)
+        L = ids.shape[1]
+        if L > self.backend.block_size:
+            raise ValueError(f"a row holds block_size = {self.backend.block_size} tokens at most, got {L}")
+        logits, cache = self.backend.forward(ids, np.ones_like(ids), np.arange(L)[None], None)
+        if L > self.columns:
+            self._resize(self._columns_for(L))
+        for buffer, value in zip(self.cache, cache.values, strict=True):
+            buffer[self.rows, :, :L] = value.numpy()[0]
+        self.lengths[self.rows] = L
+        self.rows += 1
+        return logits[0]
+
+    def remove(self, row: int) -> None:
+        if not 0 <= row < self.rows:
+            raise IndexError(f"no row {row} in a batch of {self.rows}")
+        last = self.rows - 1
+        if row != last:  # the last row takes its place
+            used = int(self.lengths[last])
+            for buffer in self.cache:
+                buffer[row, :, :used] = buffer[last, :, :used]
+            self.lengths[row] = self.lengths[last]
+        self.rows = last
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        n = self.rows
+        lengths = self.lengths[:n].copy()
+        longest = int(lengths.max()) if n else 0
+        if longest >= self.backend.block_size:
+            raise ValueError(
+                f"a row already holds block_size = {self.backend.block_size} tokens: slide its window first"
+            )
+        self._fit(longest + 1)  # room for the new column
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64)
+        logits, new = self.backend.decode_inplace(tokens, lengths, [buffer[:n] for buffer in self.cache])
+        rows = np.arange(n)
+        for buffer, value in zip(self.cache, new, strict=True):
+            buffer[rows, :, lengths] = value[:, :, 0]  # each row's new column, in place
+        self.lengths[:n] += 1
+        return logits
+
+
 def _as_int64(name: str, array: Any) -> np.ndarray:
     """`array` as a contiguous 2-D int64 array; any integer dtype is accepted, anything else is a TypeError."""
     if not isinstance(array, np.ndarray):
@@ -433,6 +609,13 @@ def _as_int64(name: str, array: Any) -> np.ndarray:
 __all__ = [
     "OnnxBackend",
     "OnnxCache",
+    "OnnxInPlaceBatch",
+    "INPLACE_FP32_FILE_NAME",
+    "INPLACE_INT8_FILE_NAME",
+    "INPLACE_FORMAT",
+    "INPLACE_INPUT_NAMES",
+    "cache_names",
+    "new_names",
     "onnx_path",
     "weights_sha256",
     "past_names",

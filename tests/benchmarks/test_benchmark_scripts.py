@@ -50,7 +50,7 @@ def test_decode_benchmark(data_path):
         "onnx_generation.py",
         *("--models", "ladder-a", "--threads", "1", "--past-window-tokens", "4", "--data", str(data_path)),
     )
-    assert out.count("| ladder-a |") == 5  # naive, PyTorch engine (KVBuffer, StaticCache), ONNX Runtime fp32, int8
+    assert out.count("| ladder-a |") == 6  # naive, PyTorch engine (and its forward loop on 2 caches), ONNX fp32, int8
 
 
 def test_int8_formats_benchmark():
@@ -135,3 +135,13 @@ def test_decode_threads_benchmark():
         *("--rounds", "1"),
     )
     assert all(f"| {layout} | " in out for layout in ("main", "second-thread", "runner"))
+
+
+def test_decode_batch_benchmark():
+    out = run_script(
+        "decode_batch.py",
+        *("--model", "ladder-a", "--threads", "1", "--rows", "1", "3", "--steps", "3", "--repeats", "1"),
+        *("--cached", "4"),
+    )
+    for batch in ("TorchDecodeBatch", "OnnxDecodeBatch", "OnnxInPlaceBatch"):
+        assert out.count(f"| {batch} |") == (2 if batch == "TorchDecodeBatch" else 4)  # 2 row counts (x 2 ONNX files)

@@ -15,7 +15,15 @@ from export.exporter import export_model
 from export.onnx_export import OPSET, export_fp32
 from export.report import CARD_BEGIN, CARD_END, card_section, update_model_card
 from export.validate import compare_with_torch
-from gpt_serve.generation.onnx_backend import load_session, onnx_path, past_names, present_names, weights_sha256
+from gpt_serve.generation.onnx_backend import (
+    cache_names,
+    load_session,
+    new_names,
+    onnx_path,
+    past_names,
+    present_names,
+    weights_sha256,
+)
 from gpt_serve.vocab import CharVocab
 from tests.conftest import make_tiny_model
 
@@ -24,7 +32,10 @@ def test_export_of_tiny_model_passes_its_own_validation(exported):
     folder, report = exported
     assert report.passed, report.failures
     assert report.installed
-    assert report.checker == {"fp32": "ok", "int8": "ok"}
+    assert report.checker == {"fp32": "ok", "int8": "ok", "fp32 in-place": "ok", "int8 in-place": "ok"}
+    inplace = report.parity["fp32 in-place"]
+    assert inplace.names_ok and not inplace.shape_errors and inplace.decode_steps == 4
+    assert inplace.max_abs_logits <= 1e-4 and inplace.max_abs_cache <= 1e-4
     fp32 = report.parity["fp32"]
     assert fp32.names_ok and not fp32.shape_errors
     assert fp32.batch_lengths == [12, 6, 1]  # left-padded rows
@@ -33,8 +44,13 @@ def test_export_of_tiny_model_passes_its_own_validation(exported):
     assert report.val_loss is not None and report.val_loss.tokens >= 2000
     assert abs(report.val_loss.increase) < 0.05  # a random tiny model: int8 changes almost nothing
     for quantized in (False, True):
-        assert onnx_path(folder, quantized).is_file()
-    assert set(report.files) == {"onnx/model.onnx", "onnx/model_quantized.onnx"}
+        assert onnx_path(folder, quantized).is_file() and onnx_path(folder, quantized, inplace=True).is_file()
+    assert set(report.files) == {
+        "onnx/model.onnx",
+        "onnx/model_quantized.onnx",
+        "onnx/decoder_inplace.onnx",
+        "onnx/decoder_inplace_quantized.onnx",
+    }
     assert report.files["onnx/model_quantized.onnx"] < report.files["onnx/model.onnx"]
     assert not [p for p in folder.iterdir() if p.name.startswith(".onnx-export-")]  # no work folder left
 
@@ -65,6 +81,28 @@ def test_graph_io_names_dims_opset_and_metadata(exported_dir, quantized):
     assert meta["exporter_version"].startswith("gpt_serve.export ")
     assert meta["weights"] == ("int8" if quantized else "fp32")
     assert meta["weights_sha256"] == weights_sha256(exported_dir) and len(meta["weights_sha256"]) == 64
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_the_inplace_graph_takes_the_cache_and_returns_only_the_new_keys(exported_dir, quantized):
+    """No Concat of a cache: the graph reads `cache.*` where they are and outputs one column per row; its metadata is
+    the main graph's but for the format."""
+    path = onnx_path(exported_dir, quantized, inplace=True)
+    proto = onnx.load(str(path))
+    config = make_tiny_model().config
+    H, hs = config.n_head, config.head_size
+    inputs = {i.name: _dims(i) for i in proto.graph.input}
+    outputs = {o.name: _dims(o) for o in proto.graph.output}
+    assert list(inputs) == ["input_ids", "position_ids", "cache_lengths", *cache_names(2)]
+    assert list(outputs) == ["logits", *new_names(2)]
+    assert inputs["cache.1.value"] == ["batch_size", H, "cache_columns", hs]
+    assert outputs["logits"] == ["batch_size", 65] and outputs["new.0.key"] == ["batch_size", H, 1, hs]
+    concat_inputs = {i for node in proto.graph.node if node.op_type == "Concat" for i in node.input}
+    assert not concat_inputs & set(cache_names(2))  # the cache is never copied into a longer tensor
+    meta = {p.key: p.value for p in proto.metadata_props}
+    main_meta = {p.key: p.value for p in onnx.load(str(onnx_path(exported_dir, quantized))).metadata_props}
+    assert meta.pop("format") == "chargpt-decoder-inplace" and main_meta.pop("format") == "chargpt-decoder-with-past"
+    assert meta == main_meta
 
 
 def test_attention_exports_as_plain_nodes_with_a_constant_scale(exported_dir, tiny_model_dir, tmp_path):

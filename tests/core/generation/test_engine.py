@@ -89,8 +89,9 @@ def test_stop_character_ends_the_text(tiny_model, tokenizer):
 def test_closing_the_stream_stops_the_compute(tiny_model, tokenizer):
     calls = []
     backend = TorchBackend(tiny_model)
-    original = backend.forward
-    backend.forward = lambda *a: calls.append(1) or original(*a)
+    for name in ("forward", "decode_step"):  # prefills and full windows; decode steps (a one-row loop's batch)
+        original = getattr(backend, name)
+        setattr(backend, name, lambda *a, original=original: calls.append(1) or original(*a))
     stream = stream_text(backend, tokenizer.vocab, "ROMEO:", 1000)
     for _ in zip(range(5), stream):
         pass

@@ -123,7 +123,75 @@ def test_int8_backend_runs_and_stays_close_to_fp32(exported_dir, onnx_backend):
     assert tokens(int8, [[1, 2]], 40, window_mode="refill").shape == (1, 40)
 
 
+@pytest.mark.parametrize("quantized", [False, True])
+def test_the_inplace_batch_gives_the_hugging_face_layout_batchs_tokens(exported_dir, quantized):
+    """The two graphs decode the same rows to the same greedy tokens (fp32 arithmetic: int8 weights folded), rows
+    joining and leaving mid-flight; the in-place batch is what `new_batch` gives when the folder has its graph."""
+    both = [OnnxBackend(exported_dir, quantized, threads=1, int8_compute=False, inplace=i) for i in (True, False)]
+    batches = [b.new_batch(4) for b in both]
+    assert [type(b).__name__ for b in batches] == ["OnnxInPlaceBatch", "OnnxDecodeBatch"]
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 65, n).tolist() for n in (5, 1, 6, 3)]  # each stays inside the 16-token window
+    runs = []
+    for batch in batches:
+        tokens, out = [], []
+        for step in range(10):
+            if step < len(prompts):  # one row joins per step
+                tokens.append(int(batch.add(prompts[step]).argmax()))
+            if step == 6:
+                batch.remove(1)  # a row leaves: the last one takes its place
+                tokens[1] = tokens.pop()
+            logits = batch.step(np.array(tokens))
+            tokens = [int(t) for t in logits.argmax(-1)]
+            out.append(tokens)
+        runs.append(out)
+    assert runs[0] == runs[1]
+
+
+def test_the_engine_decodes_one_prompt_on_the_inplace_graph_and_batches_on_the_other(exported_dir):
+    """One prompt runs on the backend's one-row batch (the scheduler's arithmetic), so the in-place graph; both give
+    the same greedy tokens across the window, and a left-padded batch still runs the Hugging Face layout graph."""
+    inplace, hf = (OnnxBackend(exported_dir, threads=1, inplace=i) for i in (True, False))
+    assert inplace.inplace_session is not None and hf.inplace_session is None
+    for mode in ("exact", "refill"):
+        assert (
+            tokens(inplace, [[1, 2, 3]], 40, window_mode=mode).tolist()
+            == tokens(hf, [[1, 2, 3]], 40, window_mode=mode).tolist()
+        )
+    np.testing.assert_array_equal(tokens(inplace, [[1, 2], [3]], 20), tokens(hf, [[1, 2], [3]], 20))
+
+
 # --- errors -------------------------------------------------------------------------------------------------------
+
+
+def test_a_folder_without_the_inplace_graph_decodes_on_the_other(tmp_path, exported_dir):
+    folder = Path(shutil.copytree(exported_dir, tmp_path / "m"))
+    onnx_path(folder, inplace=True).unlink()  # exported before the in-place graph existed
+    backend = OnnxBackend(folder, threads=1)
+    assert backend.inplace_session is None and type(backend.new_batch(2)).__name__ == "OnnxDecodeBatch"
+    assert tokens(backend, [[1, 2]], 5).shape == (1, 5)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other export", "main graph"])
+def test_a_bad_inplace_graph_is_refused_by_name(tmp_path, exported_dir, damage):
+    folder = Path(shutil.copytree(exported_dir, tmp_path / "m"))
+    path = onnx_path(folder, inplace=True)
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:1000])
+        match = "truncated or corrupt"
+    elif damage == "other export":  # a stale file beside a fresh export
+        proto = onnx.load(str(path))
+        for p in proto.metadata_props:
+            if p.key == "weights_sha256":
+                p.value = "0" * 64
+        onnx.save(proto, str(path))
+        match = r"decoder_inplace\.onnx and .*model\.onnx come from different exports .*weights_sha256"
+    else:  # the Hugging Face layout graph copied under the in-place name
+        shutil.copy(onnx_path(folder), path)
+        match = "has ONNX format 'chargpt-decoder-with-past'.*reads 'chargpt-decoder-inplace'"
+    with pytest.raises(ValueError, match=match):
+        OnnxBackend(folder)
+    OnnxBackend(folder, threads=1, inplace=False)  # the other graph alone still loads
 
 
 def test_missing_onnx_file_says_how_to_export(tiny_model_dir):
