@@ -41,7 +41,7 @@ from gpt_serve.generation.onnx_backend import (
     past_names,
     present_names,
 )
-from gpt_serve.modeling_chargpt import CharGPTForCausalLM
+from gpt_serve.modeling_chargpt import CharGPTForCausalLM, causal_bias
 from gpt_serve.vocab import CharVocab
 
 # Opset 17 is the first with a LayerNormalization op (one node instead of seven per LayerNorm) and is read by
@@ -97,19 +97,20 @@ class _NewKeys:
 
 
 class DecoderInPlace(nn.Module):
-    """One decode step of `CharGPTForCausalLM` over a cache that the caller keeps and updates in place.
+    """`CharGPTForCausalLM` on T new tokens per row over a cache that the caller keeps and updates in place.
 
-    forward(input_ids (B, 1), position_ids (B, 1), cache_lengths (B,), *cache) -> (logits (B, V), *new)
+    forward(input_ids (B, T), position_ids (B, T), cache_lengths (B,), *cache) -> (logits (B, V), *new)
     with `cache` = key, value of layer 0, key, value of layer 1, ... each (B, H, C, head_size), row b's keys in
-    columns `[0, cache_lengths[b])` (the rest is ignored, but must hold finite numbers), and `new` the new token's
-    keys/values (B, H, 1, head_size), for the caller to write at column `cache_lengths[b]`.
+    columns `[0, cache_lengths[b])` (the rest is ignored, but must hold finite numbers; C may be 0), `logits` those
+    of each row's last new token, and `new` the new tokens' keys/values (B, H, T, head_size), for the caller to
+    write at columns `cache_lengths[b] ..`. T = 1 is a decode step; a prompt is a prefill on an empty cache (C = 0).
 
-    Why a second graph: the Hugging Face layout returns `present = Concat(past, new)`, so every step copies every
-    row's whole cache (a quarter of a 16-row decode step of the shipped model, by ONNX Runtime's profiler). Here the
-    attention reads the cache where it is and scores the new key on its own: `softmax([q K^T, q k_new] / sqrt(hs))`
-    over the row's own columns, then `p_cache V + p_new v_new`. The same numbers as the model up to float rounding
-    (`export.validate.compare_inplace_with_torch`). The blocks are the model's own; only the attention kernel and the
-    cache object are swapped in.
+    Why a second graph: the Hugging Face layout returns `present = Concat(past, new)`, so every decode step copies
+    every row's whole cache (a quarter of a 16-row decode step of the shipped model, by ONNX Runtime's profiler).
+    Here the attention reads the cache where it is and scores the new keys on their own: `softmax([q K^T,
+    q k_new^T] / sqrt(hs))` over the row's own columns and, causally, the new tokens, then `p_cache V + p_new
+    v_new`. The same numbers as the model up to float rounding (`export.validate.compare_inplace_with_torch`). The
+    blocks are the model's own; only the attention kernel and the cache object are swapped in.
     """
 
     def __init__(self, model: CharGPTForCausalLM):
@@ -118,40 +119,45 @@ class DecoderInPlace(nn.Module):
 
     def forward(self, input_ids, position_ids, cache_lengths, *cache):
         m = self.model
+        dtype, T = cache[0].dtype, input_ids.shape[1]
         columns = torch.arange(cache[0].shape[2], device=input_ids.device)
         hidden = columns[None, :] >= cache_lengths[:, None]  # (B, C): columns that are not the row's
-        bias = torch.zeros(hidden.shape, dtype=cache[0].dtype).masked_fill(hidden, torch.finfo(cache[0].dtype).min)
-        bias = bias[:, None, None, :]  # (B, 1, 1, C)
+        cached_bias = torch.zeros(hidden.shape, dtype=dtype).masked_fill(hidden, torch.finfo(dtype).min)
+        cached_bias = cached_bias[:, None, None, :]  # (B, 1, 1, C)
+        own_bias = causal_bias(T, T, input_ids.device, dtype)  # (T, T): each new token sees the earlier new ones
 
         def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
             keys, values = cache[2 * module.layer_idx], cache[2 * module.layer_idx + 1]
-            cached = (query @ keys.transpose(-2, -1)) * scaling + bias  # (B, H, 1, C)
-            own = (query * key).sum(-1, keepdim=True) * scaling  # (B, H, 1, 1): the new token's key
+            cached = (query @ keys.transpose(-2, -1)) * scaling + cached_bias  # (B, H, T, C)
+            own = (query @ key.transpose(-2, -1)) * scaling + own_bias  # (B, H, T, T): the new tokens' keys
             weights = torch.softmax(torch.cat([cached, own], dim=-1), dim=-1)
-            y = weights[..., :-1] @ values + weights[..., -1:] * value  # (B, H, 1, hs)
+            C = keys.shape[2]
+            y = weights[..., :C] @ values + weights[..., C:] @ value  # (B, H, T, hs)
             return y.transpose(1, 2), None
 
         new = _NewKeys()
         x = m.drop(m.token_embedding_table(input_ids) + m.position_embedding_table(position_ids))
         for block in m.blocks:
             x, _ = block(x, attention=attention, attention_mask=None, cache=new)
-        logits = m.lm_head(m.ln_f(x))[:, -1]  # (B, V)
+        logits = m.lm_head(m.ln_f(x[:, -1:]))[:, -1]  # (B, V): the last new token's
         return (logits, *(t for i in range(len(m.blocks)) for t in new.new[i]))
 
 
 def inplace_example_inputs(model: CharGPTForCausalLM) -> tuple[torch.Tensor, ...]:
-    """Tracing inputs for `DecoderInPlace`: 2 rows with 3 and 1 cached tokens in a 4-column cache."""
+    """Tracing inputs for `DecoderInPlace`: 2 rows of 2 new tokens on 3 and 1 cached ones in a 4-column cache."""
     config = model.config
-    B, C = 2, 4
-    input_ids = torch.tensor([[1], [2]]) % config.vocab_size
+    B, C, T = 2, 4, 2
+    input_ids = torch.arange(B * T).reshape(B, T) % config.vocab_size
     lengths = torch.tensor([3, 1])
     cache = [torch.zeros(B, config.n_head, C, config.head_size) for _ in range(2 * config.n_layer)]
-    return (input_ids, lengths[:, None].clone(), lengths, *cache)
+    return (input_ids, lengths[:, None] + torch.arange(T), lengths, *cache)
 
 
 def inplace_dynamic_axes(n_layer: int) -> dict[str, dict[int, str]]:
-    axes = {name: {0: BATCH} for name in (*INPLACE_INPUT_NAMES, LOGITS_NAME, *new_names(n_layer))}
+    axes = {name: {0: BATCH, 1: SEQUENCE} for name in ("input_ids", "position_ids")}
+    axes.update({name: {0: BATCH} for name in ("cache_lengths", LOGITS_NAME)})
     axes.update({name: {0: BATCH, 2: COLUMNS} for name in cache_names(n_layer)})
+    axes.update({name: {0: BATCH, 2: SEQUENCE} for name in new_names(n_layer)})
     return axes
 
 

@@ -23,8 +23,9 @@ def _parity_line(report: ExportReport, weights: str) -> str:
     rows = ", ".join(map(str, p.batch_lengths))
     if weights.endswith("in-place"):
         return (
-            f"max |Δlogits| decode {p.max_abs_logits_decode:.1e}; max |Δnew keys/values| {p.max_abs_cache:.1e} "
-            f"(rows of {rows} cached tokens, {p.decode_steps} decode steps)"
+            f"max |Δlogits| prefill {p.max_abs_logits_prefill:.1e}, decode {p.max_abs_logits_decode:.1e}; max "
+            f"|Δnew keys/values| {p.max_abs_cache:.1e} (rows of {rows} tokens each prefilled alone, then "
+            f"{p.decode_steps} decode steps together)"
         )
     return (
         f"max |Δlogits| prefill {p.max_abs_logits_prefill:.1e}, decode {p.max_abs_logits_decode:.1e}; "
@@ -90,12 +91,12 @@ Exported and validated by `{command}`
 `model*.onnx`: one decoder graph with a KV cache in Hugging Face's layout serves prefill (empty past) and decode.
 Inputs `input_ids`, `attention_mask`, `position_ids`, `past_key_values.{{i}}.key/.value`; outputs `logits`,
 `present.{{i}}.key/.value`; dynamic dims `batch_size`, `sequence_length`, `past_sequence_length`.
-`decoder_inplace*.onnx`: one decode step over a cache the caller keeps and updates in place (gpt-serve's ONNX
-backend decodes with it).
-Inputs `input_ids`, `position_ids` (batch, 1), `cache_lengths` (batch), `cache.{{i}}.key/.value` (batch, heads,
-columns, head size; row b's keys in columns `[0, cache_lengths[b])`); outputs `logits` (batch, vocab) and
-`new.{{i}}.key/.value` (batch, heads, 1, head size), to be written at column `cache_lengths[b]`. Each file's metadata
-holds `block_size` and the vocabulary's sha256, checked against `vocab.json` at load time.
+`decoder_inplace*.onnx`: new tokens over a cache the caller keeps and updates in place (gpt-serve's ONNX backend
+prefills and decodes with it). Inputs `input_ids`, `position_ids` (batch, sequence), `cache_lengths` (batch),
+`cache.{{i}}.key/.value` (batch, heads, columns, head size; row b's keys in columns `[0, cache_lengths[b])`; 0 columns
+for a prefill); outputs `logits` (batch, vocab: each row's last token) and `new.{{i}}.key/.value` (batch, heads,
+sequence, head size), to be written from column `cache_lengths[b]`. Each file's metadata holds `block_size` and the
+vocabulary's sha256, checked against `vocab.json` at load time.
 
 - `onnx.checker`: {", ".join(f"{k} {c}" for k, c in report.checker.items())}.
 {parity}

@@ -134,15 +134,16 @@ def _shape_errors(step: int, names: list[str], ort_out: dict, torch_out: dict) -
 def compare_inplace_with_torch(
     model: CharGPTForCausalLM, session: ort.InferenceSession, decode_steps: int = 4, seed: int = 0
 ) -> ParityResult:
-    """Max |ONNX Runtime - PyTorch| of the in-place decode graph (`export.onnx_export.DecoderInPlace`) over logits
-    and new keys/values, names and shapes checked, for rows of different lengths decoding `decode_steps` steps.
+    """Max |ONNX Runtime - PyTorch| of the in-place graph (`export.onnx_export.DecoderInPlace`) over logits and new
+    keys/values, names and shapes checked: each row of different lengths prefilled alone on an empty cache, then
+    the rows decoding together for `decode_steps` steps.
 
-    Each row's cache is what PyTorch's prefill of that row alone gives, in the columns `[0, length)` of a
-    `block_size`-column buffer whose other columns hold random numbers (the graph must ignore them); after each
-    step the graph's new keys/values are written at the row's next column, as `OnnxInPlaceBatch` does, and both
+    The graph's own prefilled keys/values go into the columns `[0, length)` of a `block_size`-column buffer whose
+    other columns hold random numbers (the graph must ignore them); after each step its new keys/values are written
+    at each row's next column, as `OnnxInPlaceBatch` does. PyTorch runs each row alone with its own cache, and both
     sides are fed the token PyTorch ranks first."""
     config = model.config
-    n_layer, C = config.n_layer, config.block_size
+    n_layer, C, H, hs = config.n_layer, config.block_size, config.n_head, config.head_size
     lengths = parity_batch(config.block_size, decode_steps)
     B = len(lengths)
     expected_outputs = [LOGITS_NAME, *new_names(n_layer)]
@@ -150,47 +151,59 @@ def compare_inplace_with_torch(
     if not result.names_ok:
         return result
     rng = np.random.default_rng(seed)
-    cache = [
-        rng.standard_normal((B, config.n_head, C, config.head_size)).astype(np.float32) for _ in range(2 * n_layer)
-    ]
+    cache = [rng.standard_normal((B, H, C, hs)).astype(np.float32) for _ in range(2 * n_layer)]
+    empty = [np.zeros((1, H, 0, hs), dtype=np.float32)] * (2 * n_layer)
+
+    def run(ids, positions, filled, past) -> dict[str, np.ndarray]:
+        feeds = dict(zip(INPLACE_INPUT_NAMES, (ids, positions, filled), strict=True))
+        feeds.update(zip(cache_names(n_layer), past, strict=True))
+        return dict(zip(expected_outputs, session.run(expected_outputs, feeds), strict=True))
+
+    def torch_outputs(out, T: int) -> dict[str, np.ndarray]:
+        got = {LOGITS_NAME: out.logits[:, -1].float().numpy()}
+        for i, layer in enumerate(out.cache.layers[:n_layer]):
+            got[f"new.{i}.key"], got[f"new.{i}.value"] = layer.keys[:, :, -T:].numpy(), layer.values[:, :, -T:].numpy()
+        return got
+
+    def compare(step: int, ort_out, torch_out) -> float:
+        result.shape_errors.extend(_shape_errors(step, expected_outputs, ort_out, torch_out))
+        if result.shape_errors:
+            return 0.0
+        for name in new_names(n_layer):
+            result.max_abs_cache = max(result.max_abs_cache, float(np.abs(ort_out[name] - torch_out[name]).max()))
+        return float(np.abs(ort_out[LOGITS_NAME] - torch_out[LOGITS_NAME]).max())
+
     torch_caches, tokens = [], np.zeros(B, dtype=np.int64)
-    with torch.inference_mode():
-        for b, length in enumerate(lengths):
-            prompt = torch.from_numpy(rng.integers(0, config.vocab_size, (1, length)))
-            out = model(input_ids=prompt, cache=DynamicCache(config=config), use_cache=True)
-            for i, layer in enumerate(out.cache.layers[:n_layer]):
-                cache[2 * i][b, :, :length], cache[2 * i + 1][b, :, :length] = layer.keys[0], layer.values[0]
-            torch_caches.append(out.cache)
-            tokens[b] = int(out.logits[0, -1].argmax())
-    filled = np.array(lengths, dtype=np.int64)
-    rows = np.arange(B)
-    for step in range(decode_steps):
-        feeds = dict(zip(INPLACE_INPUT_NAMES, (tokens[:, None], filled[:, None].copy(), filled.copy()), strict=True))
-        feeds.update(zip(cache_names(n_layer), cache, strict=True))
-        ort_out = dict(zip(expected_outputs, session.run(expected_outputs, feeds), strict=True))
-        torch_out = {LOGITS_NAME: np.zeros((B, config.vocab_size), dtype=np.float32)}
-        torch_out.update(
-            {name: np.zeros((B, config.n_head, 1, config.head_size), np.float32) for name in new_names(n_layer)}
-        )
+    for b, length in enumerate(lengths):  # prefill, each row alone on an empty cache
+        prompt = rng.integers(0, config.vocab_size, (1, length))
+        ort_out = run(prompt, np.arange(length)[None], np.zeros(1, dtype=np.int64), empty)
         with torch.inference_mode():
-            for b in range(B):
-                out = model(
-                    input_ids=torch.tensor([[tokens[b]]]),
-                    position_ids=torch.tensor([[filled[b]]]),
-                    cache=torch_caches[b],
-                    use_cache=True,
-                )
-                torch_out[LOGITS_NAME][b] = out.logits[0, -1].float().numpy()
-                for i, layer in enumerate(out.cache.layers[:n_layer]):
-                    torch_out[f"new.{i}.key"][b] = layer.keys[0, :, -1:].numpy()
-                    torch_out[f"new.{i}.value"][b] = layer.values[0, :, -1:].numpy()
-        result.shape_errors += _shape_errors(step, expected_outputs, ort_out, torch_out)
+            out = model(input_ids=torch.from_numpy(prompt), cache=DynamicCache(config=config), use_cache=True)
+        diff = compare(0, ort_out, torch_outputs(out, length))
         if result.shape_errors:
             return result
-        logits_diff = float(np.abs(ort_out[LOGITS_NAME] - torch_out[LOGITS_NAME]).max())
-        result.max_abs_logits_decode = max(result.max_abs_logits_decode, logits_diff)
+        result.max_abs_logits_prefill = max(result.max_abs_logits_prefill, diff)
         for name, buffer in zip(new_names(n_layer), cache, strict=True):
-            result.max_abs_cache = max(result.max_abs_cache, float(np.abs(ort_out[name] - torch_out[name]).max()))
+            buffer[b, :, :length] = ort_out[name][0]
+        torch_caches.append(out.cache)
+        tokens[b] = int(out.logits[0, -1].argmax())
+    filled = np.array(lengths, dtype=np.int64)
+    rows = np.arange(B)
+    for step in range(1, decode_steps + 1):  # decode, the rows together
+        ort_out = run(tokens[:, None], filled[:, None].copy(), filled.copy(), cache)
+        torch_out = {LOGITS_NAME: np.zeros((B, config.vocab_size), dtype=np.float32)}
+        torch_out.update({name: np.zeros((B, H, 1, hs), np.float32) for name in new_names(n_layer)})
+        with torch.inference_mode():
+            for b in range(B):
+                ids, positions = torch.tensor([[tokens[b]]]), torch.tensor([[filled[b]]])
+                out = model(input_ids=ids, position_ids=positions, cache=torch_caches[b], use_cache=True)
+                for name, value in torch_outputs(out, 1).items():
+                    torch_out[name][b] = value[0]
+        diff = compare(step, ort_out, torch_out)
+        if result.shape_errors:
+            return result
+        result.max_abs_logits_decode = max(result.max_abs_logits_decode, diff)
+        for name, buffer in zip(new_names(n_layer), cache, strict=True):
             buffer[rows, :, filled] = ort_out[name][:, :, 0]  # the graph's own cache, updated in place
         tokens = torch_out[LOGITS_NAME].argmax(-1).astype(np.int64)
         filled += 1

@@ -153,8 +153,7 @@ def _one_row(backend, prompt: list[int], max_new_tokens: int, sampling, rng, kee
                 in_batch = False
             start = len(ids) - keep
         if exact and start > 0:  # a full-window forward, the lesson's idx[:, -block_size:]
-            window = np.asarray(ids[-block:], dtype=np.int64)[None]
-            logits, _ = backend.forward(window, np.ones_like(window), np.arange(block)[None], None)
+            logits = backend.window_logits(np.asarray(ids[-block:], dtype=np.int64)[None])
         elif not in_batch:  # prefill the window
             logits, in_batch = batch.add(ids[start:])[None], True
         else:

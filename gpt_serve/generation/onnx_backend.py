@@ -332,14 +332,18 @@ class OnnxBackend:
             return OnnxInPlaceBatch(self, max_rows)
         return OnnxDecodeBatch(self, max_rows)
 
-    def decode_inplace(self, tokens: np.ndarray, lengths: np.ndarray, cache: list[np.ndarray]) -> tuple:
-        """One token per row through the in-place graph: `tokens`, `lengths` int64 (rows,) (each row's cached
-        tokens, which are also the new token's position), `cache` the graph's `cache.*` inputs, contiguous float32
-        (rows, H, columns, head_size) with row b's keys in columns `[0, lengths[b])`. Returns (logits (rows, V),
-        the new keys/values [(rows, H, 1, head_size)] in `cache_names` order) without touching `cache`."""
+    def run_inplace(self, input_ids: np.ndarray, lengths: np.ndarray, cache: list[np.ndarray] | None) -> tuple:
+        """T new tokens per row through the in-place graph: `input_ids` int64 (rows, T) at positions `lengths[b]
+        .. + T - 1`, `lengths` int64 (rows,) each row's cached tokens, `cache` the graph's `cache.*` inputs,
+        contiguous float32 (rows, H, columns, head_size) with row b's keys in columns `[0, lengths[b])` (None: an
+        empty cache, a prefill). Returns (logits (rows, V) of each row's last token, the new keys/values
+        [(rows, H, T, head_size)] in `cache_names` order) without touching `cache`."""
+        rows, T = input_ids.shape
+        if cache is None:
+            cache = self._empty_inplace(rows)
         binding = self.inplace_session.io_binding()
-        binding.bind_cpu_input("input_ids", tokens[:, None])
-        binding.bind_cpu_input("position_ids", lengths[:, None])
+        binding.bind_cpu_input("input_ids", input_ids)
+        binding.bind_cpu_input("position_ids", lengths[:, None] + np.arange(T))
         binding.bind_cpu_input("cache_lengths", lengths)
         for name, array in zip(self._cache_names, cache, strict=True):
             binding.bind_cpu_input(name, array)  # no copy: ONNX Runtime reads the caller's buffer
@@ -349,6 +353,22 @@ class OnnxBackend:
         self.inplace_session.run_with_iobinding(binding)
         outputs = [v.numpy() for v in binding.get_outputs()]
         return outputs[0], outputs[1:]
+
+    def _empty_inplace(self, rows: int) -> list[np.ndarray]:
+        empty = np.zeros((rows, self.n_head, 0, self.head_size), dtype=np.float32)
+        return [empty] * (2 * self.n_layer)
+
+    def window_logits(self, input_ids: np.ndarray) -> np.ndarray:
+        """Logits (B, V) of the last token of B windows of ids (B, T) at positions 0..T-1, without a cache: the
+        full-window forward that exact mode runs for every token past `block_size`. On the in-place graph where the
+        folder has one (so that a scheduler runs one ONNX Runtime session: two would each keep their threads
+        spinning after their runs, against each other on a small machine), else on the other."""
+        input_ids = _as_int64("input_ids", input_ids)
+        ones, positions = np.ones_like(input_ids), np.broadcast_to(np.arange(input_ids.shape[1]), input_ids.shape)
+        if self.inplace_session is None:
+            return self.forward(input_ids, ones, positions, None)[0]
+        self._check_inputs(input_ids, ones, positions, 0)
+        return np.ascontiguousarray(self.run_inplace(input_ids, np.zeros(len(input_ids), dtype=np.int64), None)[0])
 
     def forward(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, cache: OnnxCache | None
@@ -507,9 +527,10 @@ class OnnxInPlaceBatch:
     Every row's keys/values live in buffers per layer (max_rows, H, columns, head_size): row r's window positions
     0..L-1 in columns 0..L-1 (a window always starts at position 0, so no row needs padding). A step feeds the first
     `len(self)` rows of the buffers to the graph as they are (a contiguous view, not a copy) and writes the new
-    keys/values at each row's next column. A new row is prefilled alone on the Hugging Face layout graph and copied
-    in; a row that leaves is replaced by the last one (one row copied). Nothing is concatenated: the cost of a step
-    does not include copying every row's cache, as the Hugging Face layout's `present = Concat(past, new)` does.
+    keys/values at each row's next column. A new row is prefilled alone, on the same graph with an empty cache, and
+    copied in; a row that leaves is replaced by the last one (one row copied). Nothing is concatenated: the cost of a
+    step does not include copying every row's cache, as the Hugging Face layout's `present = Concat(past, new)` does.
+    A scheduler on it runs one ONNX Runtime session (full windows too: `OnnxBackend.window_logits`).
 
     The graph attends over every column of the buffers (masked past each row's length), so the buffers are kept
     just wide enough: `columns` is the longest row's length + 1 rounded up to `COLUMNS_STEP` (at most
@@ -557,11 +578,11 @@ class OnnxInPlaceBatch:
         L = ids.shape[1]
         if L > self.backend.block_size:
             raise ValueError(f"a row holds block_size = {self.backend.block_size} tokens at most, got {L}")
-        logits, cache = self.backend.forward(ids, np.ones_like(ids), np.arange(L)[None], None)
+        logits, new = self.backend.run_inplace(ids, np.zeros(1, dtype=np.int64), None)  # a prefill, alone
         if L > self.columns:
             self._resize(self._columns_for(L))
-        for buffer, value in zip(self.cache, cache.values, strict=True):
-            buffer[self.rows, :, :L] = value.numpy()[0]
+        for buffer, value in zip(self.cache, new, strict=True):
+            buffer[self.rows, :, :L] = value[0]
         self.lengths[self.rows] = L
         self.rows += 1
         return logits[0]
@@ -586,8 +607,8 @@ class OnnxInPlaceBatch:
                 f"a row already holds block_size = {self.backend.block_size} tokens: slide its window first"
             )
         self._fit(longest + 1)  # room for the new column
-        tokens = np.ascontiguousarray(tokens, dtype=np.int64)
-        logits, new = self.backend.decode_inplace(tokens, lengths, [buffer[:n] for buffer in self.cache])
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64)[:, None]
+        logits, new = self.backend.run_inplace(tokens, lengths, [buffer[:n] for buffer in self.cache])
         rows = np.arange(n)
         for buffer, value in zip(self.cache, new, strict=True):
             buffer[rows, :, lengths] = value[:, :, 0]  # each row's new column, in place

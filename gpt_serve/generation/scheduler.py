@@ -309,7 +309,8 @@ class Scheduler:
     """One decode loop for one backend, run by a `Runner`'s thread; see the module docstring.
 
     Args:
-        backend: a `TorchBackend` or `OnnxBackend` (anything with `new_batch`, `forward`, `block_size`, `vocab_size`).
+        backend: a `TorchBackend` or `OnnxBackend` (anything with `new_batch`, `window_logits`, `block_size`,
+            `vocab_size`).
         max_batch: the most rows decoding at once.
         max_queue: the most requests waiting to join; `submit` raises `ServerBusy` past it.
         max_prefills_per_step: the most waiting requests prefilled between two decode steps.
@@ -507,9 +508,7 @@ class Scheduler:
         block = self.backend.block_size
         rows = list(islice(self._recompute, self.max_recompute_per_step))
         ids = np.array([r.ids[-block:] for r in rows], dtype=np.int64)  # (k, block_size): every row's last window
-        mask = np.ones_like(ids)
-        positions = np.tile(np.arange(block), (len(rows), 1))
-        logits, _ = self.backend.forward(ids, mask, positions, None)  # if it raises, the rows are still queued
+        logits = self.backend.window_logits(ids)  # if it raises, the rows are still queued
         for _ in rows:
             self._recompute.popleft()
         self.steps += 1

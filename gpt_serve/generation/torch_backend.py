@@ -171,6 +171,12 @@ class TorchBackend:
         )
         return out.logits[:, -1].float().cpu().numpy()
 
+    def window_logits(self, input_ids: np.ndarray) -> np.ndarray:
+        """Logits (B, V) of the last token of B windows of ids (B, T) at positions 0..T-1, without a cache: the
+        full-window forward that exact mode runs for every token past `block_size`."""
+        ones = np.ones_like(input_ids)
+        return self.forward(input_ids, ones, np.broadcast_to(np.arange(input_ids.shape[1]), ones.shape), None)[0]
+
     @torch.inference_mode()
     def decode_step(self, tokens: np.ndarray, positions: np.ndarray, padding: np.ndarray, cache) -> np.ndarray:
         """One new token per row on top of `cache` (a `BatchKV`): float32 logits (rows, vocab).

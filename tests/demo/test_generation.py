@@ -84,6 +84,10 @@ def test_closing_the_stream_stops_the_compute(registry):
             calls.append(1)
             return loaded.backend.forward(*args)
 
+        def window_logits(self, ids):
+            calls.append(1)
+            return loaded.backend.window_logits(ids)
+
         def new_batch(self, max_rows):
             batch = loaded.backend.new_batch(max_rows)
             step = batch.step

@@ -85,8 +85,8 @@ def test_graph_io_names_dims_opset_and_metadata(exported_dir, quantized):
 
 @pytest.mark.parametrize("quantized", [False, True])
 def test_the_inplace_graph_takes_the_cache_and_returns_only_the_new_keys(exported_dir, quantized):
-    """No Concat of a cache: the graph reads `cache.*` where they are and outputs one column per row; its metadata is
-    the main graph's but for the format."""
+    """No Concat of a cache: the graph reads `cache.*` where they are and outputs only the new tokens' keys/values;
+    its metadata is the main graph's but for the format."""
     path = onnx_path(exported_dir, quantized, inplace=True)
     proto = onnx.load(str(path))
     config = make_tiny_model().config
@@ -96,7 +96,9 @@ def test_the_inplace_graph_takes_the_cache_and_returns_only_the_new_keys(exporte
     assert list(inputs) == ["input_ids", "position_ids", "cache_lengths", *cache_names(2)]
     assert list(outputs) == ["logits", *new_names(2)]
     assert inputs["cache.1.value"] == ["batch_size", H, "cache_columns", hs]
-    assert outputs["logits"] == ["batch_size", 65] and outputs["new.0.key"] == ["batch_size", H, 1, hs]
+    assert inputs["input_ids"] == inputs["position_ids"] == ["batch_size", "sequence_length"]
+    assert outputs["logits"] == ["batch_size", 65]  # each row's last token
+    assert outputs["new.0.key"] == ["batch_size", H, "sequence_length", hs]
     concat_inputs = {i for node in proto.graph.node if node.op_type == "Concat" for i in node.input}
     assert not concat_inputs & set(cache_names(2))  # the cache is never copied into a longer tensor
     meta = {p.key: p.value for p in proto.metadata_props}

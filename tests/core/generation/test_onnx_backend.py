@@ -161,6 +161,18 @@ def test_the_engine_decodes_one_prompt_on_the_inplace_graph_and_batches_on_the_o
     np.testing.assert_array_equal(tokens(inplace, [[1, 2], [3]], 20), tokens(hf, [[1, 2], [3]], 20))
 
 
+def test_full_windows_run_on_the_inplace_graph_with_the_forwards_logits(exported_dir, torch_backend):
+    """`window_logits` (exact mode past the window) on the in-place graph: PyTorch's numbers, and one session."""
+    backend = OnnxBackend(exported_dir, threads=1)
+    ids = np.random.default_rng(1).integers(0, 65, (3, backend.block_size))
+    runs = []
+    backend.session.run_with_iobinding = lambda *a: runs.append(1)  # the Hugging Face layout graph must stay idle
+    np.testing.assert_allclose(backend.window_logits(ids), torch_backend.window_logits(ids), atol=1e-4, rtol=0)
+    assert not runs
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        backend.window_logits(ids + 100)
+
+
 # --- errors -------------------------------------------------------------------------------------------------------
 
 

@@ -257,8 +257,8 @@ def test_a_request_cancelled_during_its_own_forward_pass_still_ends_its_stream(w
         else:  # an exact-mode prompt past the window: every token is a full-window forward
             prompt = [1 + i % 60 for i in range(backend.block_size + 4)]
             stream = scheduler.submit(Request(prompt, 100_000, SamplingParams(1.0), seed=0, window_mode="exact"))
-            forward = backend.forward
-            backend.forward = lambda *args: (stream.cancel(), forward(*args))[1]
+            window_logits = backend.window_logits
+            backend.window_logits = lambda ids: (stream.cancel(), window_logits(ids))[1]
 
         async def read_to_the_end() -> int:
             count = 0
