@@ -17,6 +17,7 @@ and keep the validation as it is.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import warnings
 from pathlib import Path
@@ -37,7 +38,6 @@ from gpt_serve.generation.onnx_backend import (
     ONNX_FORMAT,
     ONNX_FORMAT_VERSION,
     cache_names,
-    new_names,
     past_names,
     present_names,
 )
@@ -81,15 +81,53 @@ class DecoderWithPast(nn.Module):
         return (out.logits, *present)
 
 
-class _NewKeys:
-    """The `Cache` API part a block calls, for `DecoderInPlace`: keeps each layer's new keys/values (the graph's
-    outputs) and hands them on as they are; the cached ones come to the attention from the graph's inputs."""
+class _GroupQueryAttention(torch.autograd.Function):
+    """ONNX Runtime's `com.microsoft.GroupQueryAttention` for the exporter, with PyTorch's reference of what it
+    computes for the trace: causal attention of T new tokens per row over that row's cached tokens and themselves,
+    the new keys/values written into the cache buffers at columns `seqlens_k[b] - T + 1 ..` (in place where the
+    caller binds the outputs to the inputs' memory: `past_present_share_buffer`)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, past_key, past_value, seqlens_k, total, num_heads: int, scale: float):
+        B, T, _ = query.shape
+        hs = past_key.shape[-1]
+        q, k, v = (t.view(B, T, num_heads, hs).transpose(1, 2) for t in (query, key, value))  # (B, H, T, hs)
+        present_key, present_value, out = past_key.clone(), past_value.clone(), torch.empty_like(query)
+        for b in range(B):
+            end = int(seqlens_k[b]) + 1
+            present_key[b, :, end - T : end], present_value[b, :, end - T : end] = k[b], v[b]
+            keys, values = present_key[b, :, :end], present_value[b, :, :end]
+            mask = causal_bias(T, end, query.device, query.dtype)
+            weights = torch.softmax((q[b] @ keys.transpose(-2, -1)) * scale + mask, dim=-1)
+            out[b] = (weights @ values).transpose(0, 1).reshape(T, -1)
+        return out, present_key, present_value
+
+    @staticmethod
+    def symbolic(g, query, key, value, past_key, past_value, seqlens_k, total, num_heads: int, scale: float):
+        return g.op(
+            "com.microsoft::GroupQueryAttention",
+            query,
+            key,
+            value,
+            past_key,
+            past_value,
+            seqlens_k,
+            total,
+            num_heads_i=num_heads,
+            kv_num_heads_i=num_heads,
+            scale_f=scale,
+            outputs=3,
+        )
+
+
+class _InPlaceCache:
+    """The `Cache` API part a block calls, for `DecoderInPlace`: hands each layer's new keys/values on to the
+    attention as they are (it writes them into the cache itself) and keeps the layer's updated buffers."""
 
     def __init__(self):
-        self.new: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.present: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def update(self, key, value, layer_idx, *args, **kwargs):
-        self.new[layer_idx] = (key, value)
         return key, value
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -97,20 +135,23 @@ class _NewKeys:
 
 
 class DecoderInPlace(nn.Module):
-    """`CharGPTForCausalLM` on T new tokens per row over a cache that the caller keeps and updates in place.
+    """`CharGPTForCausalLM` on T new tokens per row over a cache that ONNX Runtime updates in place.
 
-    forward(input_ids (B, T), position_ids (B, T), cache_lengths (B,), *cache) -> (logits (B, V), *new)
+    forward(input_ids (B, T), position_ids (B, T), cache_lengths (B,), *cache) -> (logits (B, V), *present)
     with `cache` = key, value of layer 0, key, value of layer 1, ... each (B, H, C, head_size), row b's keys in
-    columns `[0, cache_lengths[b])` (the rest is ignored, but must hold finite numbers; C may be 0), `logits` those
-    of each row's last new token, and `new` the new tokens' keys/values (B, H, T, head_size), for the caller to
-    write at columns `cache_lengths[b] ..`. T = 1 is a decode step; a prompt is a prefill on an empty cache (C = 0).
+    columns `[0, cache_lengths[b])` (C: the buffers' width, at least `cache_lengths[b] + T`; the other columns are
+    never read), `logits` those of each row's last new token, and `present` the same buffers with the new tokens'
+    keys/values written from column `cache_lengths[b]`. Bound to the inputs' memory (`OnnxInPlaceBatch` does), the
+    outputs are the inputs: nothing is copied. T = 1 is a decode step; a prompt is a prefill with cache_lengths 0.
 
     Why a second graph: the Hugging Face layout returns `present = Concat(past, new)`, so every decode step copies
     every row's whole cache (a quarter of a 16-row decode step of the shipped model, by ONNX Runtime's profiler).
-    Here the attention reads the cache where it is and scores the new keys on their own: `softmax([q K^T,
-    q k_new^T] / sqrt(hs))` over the row's own columns and, causally, the new tokens, then `p_cache V + p_new
-    v_new`. The same numbers as the model up to float rounding (`export.validate.compare_inplace_with_torch`). The
-    blocks are the model's own; only the attention kernel and the cache object are swapped in.
+    Here each layer's attention is one ONNX Runtime `GroupQueryAttention` node (its fused CPU kernel, with as many
+    key/value heads as query heads), which reads each row's own columns where they are and writes the new ones in
+    place, as onnxruntime-genai's decoders do with `past_present_share_buffer`. The same numbers as the model up to
+    float rounding (`export.validate.compare_inplace_with_torch`). The blocks are the model's own; only the
+    attention kernel and the cache object are swapped in. ONNX Runtime only: other runtimes read the Hugging Face
+    layout graph.
     """
 
     def __init__(self, model: CharGPTForCausalLM):
@@ -119,34 +160,30 @@ class DecoderInPlace(nn.Module):
 
     def forward(self, input_ids, position_ids, cache_lengths, *cache):
         m = self.model
-        dtype, T = cache[0].dtype, input_ids.shape[1]
-        columns = torch.arange(cache[0].shape[2], device=input_ids.device)
-        hidden = columns[None, :] >= cache_lengths[:, None]  # (B, C): columns that are not the row's
-        cached_bias = torch.zeros(hidden.shape, dtype=dtype).masked_fill(hidden, torch.finfo(dtype).min)
-        cached_bias = cached_bias[:, None, None, :]  # (B, 1, 1, C)
-        own_bias = causal_bias(T, T, input_ids.device, dtype)  # (T, T): each new token sees the earlier new ones
+        B, T = input_ids.shape
+        seqlens_k = (cache_lengths + T - 1).to(torch.int32)  # each row's last column after this call (0-based)
+        total = (cache_lengths.max() + T).to(torch.int32)
+        state = _InPlaceCache()
 
         def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-            keys, values = cache[2 * module.layer_idx], cache[2 * module.layer_idx + 1]
-            cached = (query @ keys.transpose(-2, -1)) * scaling + cached_bias  # (B, H, T, C)
-            own = (query @ key.transpose(-2, -1)) * scaling + own_bias  # (B, H, T, T): the new tokens' keys
-            weights = torch.softmax(torch.cat([cached, own], dim=-1), dim=-1)
-            C = keys.shape[2]
-            y = weights[..., :C] @ values + weights[..., C:] @ value  # (B, H, T, hs)
-            return y.transpose(1, 2), None
+            i = module.layer_idx
+            q, k, v = (t.transpose(1, 2).reshape(B, T, -1) for t in (query, key, value))  # (B, T, H * hs)
+            out, *state.present[i] = _GroupQueryAttention.apply(
+                q, k, v, cache[2 * i], cache[2 * i + 1], seqlens_k, total, module.n_head, scaling
+            )
+            return out.view(B, T, module.n_head, -1), None
 
-        new = _NewKeys()
         x = m.drop(m.token_embedding_table(input_ids) + m.position_embedding_table(position_ids))
         for block in m.blocks:
-            x, _ = block(x, attention=attention, attention_mask=None, cache=new)
+            x, _ = block(x, attention=attention, attention_mask=None, cache=state)
         logits = m.lm_head(m.ln_f(x[:, -1:]))[:, -1]  # (B, V): the last new token's
-        return (logits, *(t for i in range(len(m.blocks)) for t in new.new[i]))
+        return (logits, *(t for i in range(len(m.blocks)) for t in state.present[i]))
 
 
 def inplace_example_inputs(model: CharGPTForCausalLM) -> tuple[torch.Tensor, ...]:
-    """Tracing inputs for `DecoderInPlace`: 2 rows of 2 new tokens on 3 and 1 cached ones in a 4-column cache."""
+    """Tracing inputs for `DecoderInPlace`: 2 rows of 2 new tokens on 3 and 1 cached ones in a 6-column cache."""
     config = model.config
-    B, C, T = 2, 4, 2
+    B, C, T = 2, 6, 2
     input_ids = torch.arange(B * T).reshape(B, T) % config.vocab_size
     lengths = torch.tensor([3, 1])
     cache = [torch.zeros(B, config.n_head, C, config.head_size) for _ in range(2 * config.n_layer)]
@@ -156,8 +193,7 @@ def inplace_example_inputs(model: CharGPTForCausalLM) -> tuple[torch.Tensor, ...
 def inplace_dynamic_axes(n_layer: int) -> dict[str, dict[int, str]]:
     axes = {name: {0: BATCH, 1: SEQUENCE} for name in ("input_ids", "position_ids")}
     axes.update({name: {0: BATCH} for name in ("cache_lengths", LOGITS_NAME)})
-    axes.update({name: {0: BATCH, 2: COLUMNS} for name in cache_names(n_layer)})
-    axes.update({name: {0: BATCH, 2: SEQUENCE} for name in new_names(n_layer)})
+    axes.update({name: {0: BATCH, 2: COLUMNS} for name in (*cache_names(n_layer), *present_names(n_layer))})
     return axes
 
 
@@ -215,12 +251,28 @@ def export_fp32(model: CharGPTForCausalLM, path: Path, values: dict[str, str], o
 def export_inplace_fp32(model: CharGPTForCausalLM, path: Path, values: dict[str, str], opset: int = OPSET) -> None:
     """`export_fp32` for the in-place decode graph (`DecoderInPlace`); `values` should name `INPLACE_FORMAT`."""
     n_layer = model.config.n_layer
-    inputs, outputs = [*INPLACE_INPUT_NAMES, *cache_names(n_layer)], [LOGITS_NAME, *new_names(n_layer)]
+    inputs, outputs = [*INPLACE_INPUT_NAMES, *cache_names(n_layer)], [LOGITS_NAME, *present_names(n_layer)]
     axes = inplace_dynamic_axes(n_layer)
-    _trace(model, DecoderInPlace, inplace_example_inputs(model), inputs, outputs, axes, path, values, opset)
+    example = inplace_example_inputs(model)
+    fix = functools.partial(_inplace_output_shapes, vocab_size=model.config.vocab_size)
+    _trace(model, DecoderInPlace, example, inputs, outputs, axes, path, values, opset, fix)
 
 
-def _trace(model, wrapper, example, input_names, output_names, axes, path: Path, values, opset: int) -> None:
+def _inplace_output_shapes(proto: onnx.ModelProto, vocab_size: int) -> None:
+    """The in-place graph's output shapes: `logits` (batch_size, vocab) and each `present.*` its `cache.*` input's
+    (ONNX has no shape function for ONNX Runtime's GroupQueryAttention, so nothing after it gets named dims)."""
+    inputs = {i.name: i for i in proto.graph.input}
+    for output in proto.graph.output:
+        shape = output.type.tensor_type.shape
+        if output.name == LOGITS_NAME:
+            del shape.dim[:]
+            shape.dim.add().dim_param = BATCH
+            shape.dim.add().dim_value = vocab_size
+        else:
+            shape.CopyFrom(inputs[output.name.replace("present.", "cache.", 1)].type.tensor_type.shape)
+
+
+def _trace(model, wrapper, example, input_names, output_names, axes, path: Path, values, opset: int, fix=None) -> None:
     model = model.float().eval()
     with warnings.catch_warnings(), eager_attention(model):
         # Expected: the exporter's deprecation notice, and tracer warnings about the model's input checks
@@ -241,6 +293,8 @@ def _trace(model, wrapper, example, input_names, output_names, axes, path: Path,
             do_constant_folding=True,
         )
     proto = onnx.load_from_string(traced.getvalue())
+    if fix is not None:
+        fix(proto)
     static_reshapes(proto)
     set_metadata(proto, values)
     onnx.save(proto, str(path))

@@ -22,7 +22,6 @@ from gpt_serve.generation.onnx_backend import (
     INPUT_NAMES,
     LOGITS_NAME,
     cache_names,
-    new_names,
     past_names,
     present_names,
 )
@@ -134,78 +133,98 @@ def _shape_errors(step: int, names: list[str], ort_out: dict, torch_out: dict) -
 def compare_inplace_with_torch(
     model: CharGPTForCausalLM, session: ort.InferenceSession, decode_steps: int = 4, seed: int = 0
 ) -> ParityResult:
-    """Max |ONNX Runtime - PyTorch| of the in-place graph (`export.onnx_export.DecoderInPlace`) over logits and new
-    keys/values, names and shapes checked: each row of different lengths prefilled alone on an empty cache, then
-    the rows decoding together for `decode_steps` steps.
-
-    The graph's own prefilled keys/values go into the columns `[0, length)` of a `block_size`-column buffer whose
-    other columns hold random numbers (the graph must ignore them); after each step its new keys/values are written
-    at each row's next column, as `OnnxInPlaceBatch` does. PyTorch runs each row alone with its own cache, and both
-    sides are fed the token PyTorch ranks first."""
+    """Max |ONNX Runtime - PyTorch| of the in-place graph (`export.onnx_export.DecoderInPlace`) over logits and the
+    new keys/values it writes, names and shapes checked: each row of different lengths prefilled alone into an
+    empty `block_size`-column buffer, then the rows decoding together for `decode_steps` steps, the outputs bound
+    to the inputs' memory as `OnnxInPlaceBatch` binds them (so each step's cache is the graph's own). Columns past
+    each row's tokens hold random numbers, which the graph must neither read nor change. PyTorch runs each row
+    alone with its own cache, and both sides are fed the token PyTorch ranks first."""
     config = model.config
     n_layer, C, H, hs = config.n_layer, config.block_size, config.n_head, config.head_size
     lengths = parity_batch(config.block_size, decode_steps)
     B = len(lengths)
-    expected_outputs = [LOGITS_NAME, *new_names(n_layer)]
+    expected_outputs = [LOGITS_NAME, *present_names(n_layer)]
     result = ParityResult(lengths, decode_steps, names_ok=[o.name for o in session.get_outputs()] == expected_outputs)
     if not result.names_ok:
         return result
     rng = np.random.default_rng(seed)
     cache = [rng.standard_normal((B, H, C, hs)).astype(np.float32) for _ in range(2 * n_layer)]
-    empty = [np.zeros((1, H, 0, hs), dtype=np.float32)] * (2 * n_layer)
 
-    def run(ids, positions, filled, past) -> dict[str, np.ndarray]:
-        feeds = dict(zip(INPLACE_INPUT_NAMES, (ids, positions, filled), strict=True))
-        feeds.update(zip(cache_names(n_layer), past, strict=True))
-        return dict(zip(expected_outputs, session.run(expected_outputs, feeds), strict=True))
+    def run(ids, filled, past) -> dict[str, np.ndarray]:
+        """The graph as `OnnxInPlaceBatch` runs it: each `present.*` output bound to its `cache.*` input's memory
+        (here a copy of `past`, which stays as it was for the checks)."""
+        positions = filled[:, None] + np.arange(ids.shape[1])
+        binding = session.io_binding()
+        for name, value in zip(INPLACE_INPUT_NAMES, (ids, positions, filled), strict=True):
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        binding.bind_output(LOGITS_NAME, "cpu")  # first: get_outputs() is in binding order
+        buffers = [np.array(p, copy=True) for p in past]
+        for name, present, buffer in zip(cache_names(n_layer), present_names(n_layer), buffers, strict=True):
+            value = ort.OrtValue.ortvalue_from_numpy(buffer)
+            binding.bind_ortvalue_input(name, value)
+            binding.bind_ortvalue_output(present, value)
+        session.run_with_iobinding(binding)
+        return {
+            LOGITS_NAME: binding.get_outputs()[0].numpy(),
+            **dict(zip(present_names(n_layer), buffers, strict=True)),
+        }
 
-    def torch_outputs(out, T: int) -> dict[str, np.ndarray]:
-        got = {LOGITS_NAME: out.logits[:, -1].float().numpy()}
-        for i, layer in enumerate(out.cache.layers[:n_layer]):
-            got[f"new.{i}.key"], got[f"new.{i}.value"] = layer.keys[:, :, -T:].numpy(), layer.values[:, :, -T:].numpy()
-        return got
-
-    def compare(step: int, ort_out, torch_out) -> float:
-        result.shape_errors.extend(_shape_errors(step, expected_outputs, ort_out, torch_out))
+    def compare(step: int, ort_out, torch_logits, torch_new, columns, past) -> float:
+        """max |Δlogits|; checks the written columns against PyTorch's new keys and that no other one changed."""
+        shapes = {LOGITS_NAME: torch_logits.shape, **{name: past[0].shape for name in present_names(n_layer)}}
+        result.shape_errors += [
+            f"step {step} {name}: ORT {ort_out[name].shape}, expected {shape}"
+            for name, shape in shapes.items()
+            if ort_out[name].shape != shape
+        ]
         if result.shape_errors:
             return 0.0
-        for name in new_names(n_layer):
-            result.max_abs_cache = max(result.max_abs_cache, float(np.abs(ort_out[name] - torch_out[name]).max()))
-        return float(np.abs(ort_out[LOGITS_NAME] - torch_out[LOGITS_NAME]).max())
+        for name, before, new in zip(present_names(n_layer), past, torch_new, strict=True):
+            written = np.zeros(before.shape[::2], dtype=bool)  # (rows, columns)
+            for b, cols in enumerate(columns):
+                written[b, cols] = True
+                got = ort_out[name][b][:, cols]
+                result.max_abs_cache = max(result.max_abs_cache, float(np.abs(got - new[b]).max()))
+            untouched = ort_out[name].transpose(0, 2, 1, 3)[~written] == before.transpose(0, 2, 1, 3)[~written]
+            if not untouched.all():
+                result.shape_errors.append(f"step {step} {name}: columns other than the new tokens' changed")
+        return float(np.abs(ort_out[LOGITS_NAME] - torch_logits).max())
 
     torch_caches, tokens = [], np.zeros(B, dtype=np.int64)
-    for b, length in enumerate(lengths):  # prefill, each row alone on an empty cache
+    for b, length in enumerate(lengths):  # prefill, each row alone into its empty buffer
         prompt = rng.integers(0, config.vocab_size, (1, length))
-        ort_out = run(prompt, np.arange(length)[None], np.zeros(1, dtype=np.int64), empty)
+        past = [c[b : b + 1] for c in cache]
+        ort_out = run(prompt, np.zeros(1, dtype=np.int64), past)
         with torch.inference_mode():
             out = model(input_ids=torch.from_numpy(prompt), cache=DynamicCache(config=config), use_cache=True)
-        diff = compare(0, ort_out, torch_outputs(out, length))
+        new = [t.numpy() for layer in out.cache.layers[:n_layer] for t in (layer.keys, layer.values)]
+        logits = out.logits[:, -1].float().numpy()
+        diff = compare(0, ort_out, logits, new, [np.arange(length)], past)
         if result.shape_errors:
             return result
         result.max_abs_logits_prefill = max(result.max_abs_logits_prefill, diff)
-        for name, buffer in zip(new_names(n_layer), cache, strict=True):
-            buffer[b, :, :length] = ort_out[name][0]
+        for c, name in zip(cache, present_names(n_layer), strict=True):
+            c[b] = ort_out[name][0]
         torch_caches.append(out.cache)
         tokens[b] = int(out.logits[0, -1].argmax())
     filled = np.array(lengths, dtype=np.int64)
-    rows = np.arange(B)
     for step in range(1, decode_steps + 1):  # decode, the rows together
-        ort_out = run(tokens[:, None], filled[:, None].copy(), filled.copy(), cache)
-        torch_out = {LOGITS_NAME: np.zeros((B, config.vocab_size), dtype=np.float32)}
-        torch_out.update({name: np.zeros((B, H, 1, hs), np.float32) for name in new_names(n_layer)})
+        ort_out = run(tokens[:, None], filled.copy(), cache)
+        logits = np.zeros((B, config.vocab_size), dtype=np.float32)
+        new = [np.zeros((B, H, 1, hs), dtype=np.float32) for _ in range(2 * n_layer)]
         with torch.inference_mode():
             for b in range(B):
                 ids, positions = torch.tensor([[tokens[b]]]), torch.tensor([[filled[b]]])
                 out = model(input_ids=ids, position_ids=positions, cache=torch_caches[b], use_cache=True)
-                for name, value in torch_outputs(out, 1).items():
-                    torch_out[name][b] = value[0]
-        diff = compare(step, ort_out, torch_out)
+                logits[b] = out.logits[0, -1].float().numpy()
+                for j, t in enumerate(t for layer in out.cache.layers[:n_layer] for t in (layer.keys, layer.values)):
+                    new[j][b] = t[0, :, -1:].numpy()
+        diff = compare(step, ort_out, logits, new, [np.array([f]) for f in filled], cache)
         if result.shape_errors:
             return result
         result.max_abs_logits_decode = max(result.max_abs_logits_decode, diff)
-        for name, buffer in zip(new_names(n_layer), cache, strict=True):
-            buffer[rows, :, filled] = ort_out[name][:, :, 0]  # the graph's own cache, updated in place
-        tokens = torch_out[LOGITS_NAME].argmax(-1).astype(np.int64)
+        cache = [ort_out[name] for name in present_names(n_layer)]  # the graph's own cache
+        tokens = logits.argmax(-1).astype(np.int64)
         filled += 1
     return result
 

@@ -72,20 +72,15 @@ PAST_NAME = "past_key_values.{layer}.{kind}"
 PRESENT_NAME = "present.{layer}.{kind}"
 
 
-# The in-place graph's cache inputs (every row's keys/values at columns [0, cache_lengths[row])) and its outputs
-# (the new token's keys/values, which the caller writes into its cache at column cache_lengths[row]).
+# The in-place graph's cache inputs: buffers with every row's keys/values at columns [0, cache_lengths[row]). Its
+# outputs after the logits are `present_names`, the same buffers with the new tokens' columns written (bound to the
+# inputs' memory, they are the inputs).
 CACHE_NAME = "cache.{layer}.{kind}"
-NEW_NAME = "new.{layer}.{kind}"
 
 
 def cache_names(n_layer: int) -> list[str]:
     """The in-place graph's cache inputs in graph order: cache.0.key, cache.0.value, cache.1.key, ..."""
     return [CACHE_NAME.format(layer=i, kind=kind) for i in range(n_layer) for kind in ("key", "value")]
-
-
-def new_names(n_layer: int) -> list[str]:
-    """The in-place graph's outputs after the logits, matching `cache_names`: new.0.key, new.0.value, ..."""
-    return [NEW_NAME.format(layer=i, kind=kind) for i in range(n_layer) for kind in ("key", "value")]
 
 
 def past_names(n_layer: int) -> list[str]:
@@ -273,13 +268,13 @@ class OnnxBackend:
         inputs = [i.name for i in self.inplace_session.get_inputs()]
         outputs = [o.name for o in self.inplace_session.get_outputs()]
         expected_inputs = [*INPLACE_INPUT_NAMES, *cache_names(self.n_layer)]
-        expected_outputs = [LOGITS_NAME, *new_names(self.n_layer)]
+        expected_outputs = [LOGITS_NAME, *present_names(self.n_layer)]
         if sorted(inputs) != sorted(expected_inputs) or outputs != expected_outputs:
             raise ValueError(
                 f"{path} has inputs {sorted(inputs)} and outputs {outputs}; expected inputs {expected_inputs} "
                 f"and outputs {expected_outputs}"
             )
-        self._cache_names, self._new_names = cache_names(self.n_layer), new_names(self.n_layer)
+        self._cache_names = cache_names(self.n_layer)
 
     def _check_vocab_and_config(self) -> None:
         vocab_file = self.model_dir / VOCAB_FILE_NAME
@@ -332,31 +327,25 @@ class OnnxBackend:
             return OnnxInPlaceBatch(self, max_rows)
         return OnnxDecodeBatch(self, max_rows)
 
-    def run_inplace(self, input_ids: np.ndarray, lengths: np.ndarray, cache: list[np.ndarray] | None) -> tuple:
-        """T new tokens per row through the in-place graph: `input_ids` int64 (rows, T) at positions `lengths[b]
-        .. + T - 1`, `lengths` int64 (rows,) each row's cached tokens, `cache` the graph's `cache.*` inputs,
-        contiguous float32 (rows, H, columns, head_size) with row b's keys in columns `[0, lengths[b])` (None: an
-        empty cache, a prefill). Returns (logits (rows, V) of each row's last token, the new keys/values
-        [(rows, H, T, head_size)] in `cache_names` order) without touching `cache`."""
-        rows, T = input_ids.shape
-        if cache is None:
-            cache = self._empty_inplace(rows)
+    def run_inplace(self, input_ids: np.ndarray, lengths: np.ndarray, cache: list[np.ndarray]) -> np.ndarray:
+        """T new tokens per row through the in-place graph, their keys/values written into `cache` in place.
+
+        `input_ids` int64 (rows, T) at positions `lengths[b] .. + T - 1`; `lengths` int64 (rows,) each row's cached
+        tokens; `cache` the graph's `cache.*` buffers, contiguous float32 (rows, H, columns, head_size) with row b's
+        keys in columns `[0, lengths[b])` and room for T more. Returns the logits (rows, V) of each row's last
+        token; the new columns are in `cache` (the graph's `present.*` outputs are bound to its memory)."""
+        T = input_ids.shape[1]
         binding = self.inplace_session.io_binding()
         binding.bind_cpu_input("input_ids", input_ids)
         binding.bind_cpu_input("position_ids", lengths[:, None] + np.arange(T))
         binding.bind_cpu_input("cache_lengths", lengths)
-        for name, array in zip(self._cache_names, cache, strict=True):
-            binding.bind_cpu_input(name, array)  # no copy: ONNX Runtime reads the caller's buffer
-        binding.bind_output(LOGITS_NAME, "cpu")
-        for name in self._new_names:
-            binding.bind_output(name, "cpu")
+        binding.bind_output(LOGITS_NAME, "cpu")  # first: get_outputs() is in binding order
+        for name, present, array in zip(self._cache_names, self._present_names, cache, strict=True):
+            value = ort.OrtValue.ortvalue_from_numpy(array)  # the numpy buffer's own memory, not a copy
+            binding.bind_ortvalue_input(name, value)
+            binding.bind_ortvalue_output(present, value)  # written in place
         self.inplace_session.run_with_iobinding(binding)
-        outputs = [v.numpy() for v in binding.get_outputs()]
-        return outputs[0], outputs[1:]
-
-    def _empty_inplace(self, rows: int) -> list[np.ndarray]:
-        empty = np.zeros((rows, self.n_head, 0, self.head_size), dtype=np.float32)
-        return [empty] * (2 * self.n_layer)
+        return binding.get_outputs()[0].numpy()
 
     def window_logits(self, input_ids: np.ndarray) -> np.ndarray:
         """Logits (B, V) of the last token of B windows of ids (B, T) at positions 0..T-1, without a cache: the
@@ -368,7 +357,9 @@ class OnnxBackend:
         if self.inplace_session is None:
             return self.forward(input_ids, ones, positions, None)[0]
         self._check_inputs(input_ids, ones, positions, 0)
-        return np.ascontiguousarray(self.run_inplace(input_ids, np.zeros(len(input_ids), dtype=np.int64), None)[0])
+        B, T = input_ids.shape
+        scratch = [np.zeros((B, self.n_head, T, self.head_size), dtype=np.float32) for _ in self._cache_names]
+        return np.ascontiguousarray(self.run_inplace(input_ids, np.zeros(B, dtype=np.int64), scratch))
 
     def forward(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, cache: OnnxCache | None
@@ -524,66 +515,35 @@ class OnnxDecodeBatch:
 class OnnxInPlaceBatch:
     """Rows decoding together on an `OnnxBackend`'s in-place graph (see `gpt_serve.generation.scheduler.DecodeBatch`).
 
-    Every row's keys/values live in buffers per layer (max_rows, H, columns, head_size): row r's window positions
-    0..L-1 in columns 0..L-1 (a window always starts at position 0, so no row needs padding). A step feeds the first
-    `len(self)` rows of the buffers to the graph as they are (a contiguous view, not a copy) and writes the new
-    keys/values at each row's next column. A new row is prefilled alone, on the same graph with an empty cache, and
-    copied in; a row that leaves is replaced by the last one (one row copied). Nothing is concatenated: the cost of a
-    step does not include copying every row's cache, as the Hugging Face layout's `present = Concat(past, new)` does.
-    A scheduler on it runs one ONNX Runtime session (full windows too: `OnnxBackend.window_logits`).
-
-    The graph attends over every column of the buffers (masked past each row's length), so the buffers are kept
-    just wide enough: `columns` is the longest row's length + 1 rounded up to `COLUMNS_STEP` (at most
-    `block_size`), reallocated (every row copied once) when a row outgrows it and when the longest row has become
-    `COLUMNS_STEP` shorter than it.
+    Every row's keys/values live in buffers allocated once, per layer (max_rows, H, block_size, head_size): row r's
+    window positions 0..L-1 in columns 0..L-1 (a window always starts at position 0, so no row needs padding). A
+    step hands the first `len(self)` rows of the buffers to the graph as they are (a contiguous view) and ONNX
+    Runtime writes each row's new column into them; a new row is prefilled alone straight into its row of the
+    buffers; a row that leaves is replaced by the last one (one row copied). Nothing is concatenated or rebuilt,
+    and the attention reads each row's own columns only. A scheduler on it runs one ONNX Runtime session (full
+    windows too: `OnnxBackend.window_logits`).
     """
-
-    COLUMNS_STEP = 32
 
     def __init__(self, backend: OnnxBackend, max_rows: int):
         self.backend, self.max_rows = backend, max_rows
+        shape = (max_rows, backend.n_head, backend.block_size, backend.head_size)
+        self.cache = [np.zeros(shape, dtype=np.float32) for _ in range(2 * backend.n_layer)]
         self.lengths = np.zeros(max_rows, dtype=np.int64)
         self.rows = 0
-        self.cache: list[np.ndarray] = []
-        self._resize(self._columns_for(1))
 
     def __len__(self) -> int:
         return self.rows
-
-    def _columns_for(self, needed: int) -> int:
-        step = self.COLUMNS_STEP
-        return min(self.backend.block_size, -(-needed // step) * step)
-
-    def _resize(self, columns: int) -> None:
-        """Buffers of `columns` columns (zeros: masked columns must hold finite numbers), the rows copied over."""
-        b = self.backend
-        shape = (self.max_rows, b.n_head, columns, b.head_size)
-        old, self.cache = self.cache, [np.zeros(shape, dtype=np.float32) for _ in range(2 * b.n_layer)]
-        if old:
-            kept = min(columns, old[0].shape[2])
-            for new, buffer in zip(self.cache, old, strict=True):
-                new[: self.rows, :, :kept] = buffer[: self.rows, :, :kept]
-        self.columns = columns
-
-    def _fit(self, needed: int) -> None:
-        """Makes the buffers hold `needed` columns, and no more than `COLUMNS_STEP` beyond what is needed."""
-        columns = self._columns_for(needed)
-        if columns > self.columns or columns + self.COLUMNS_STEP <= self.columns:
-            self._resize(columns)
 
     def add(self, ids) -> np.ndarray:
         if self.rows >= self.max_rows:
             raise ValueError(f"the batch holds {self.max_rows} rows at most")
         ids = np.asarray(ids, dtype=np.int64)[None]  # (1, L)
-        L = ids.shape[1]
-        if L > self.backend.block_size:
-            raise ValueError(f"a row holds block_size = {self.backend.block_size} tokens at most, got {L}")
-        logits, new = self.backend.run_inplace(ids, np.zeros(1, dtype=np.int64), None)  # a prefill, alone
-        if L > self.columns:
-            self._resize(self._columns_for(L))
-        for buffer, value in zip(self.cache, new, strict=True):
-            buffer[self.rows, :, :L] = value[0]
-        self.lengths[self.rows] = L
+        L, row = ids.shape[1], self.rows
+        if not 0 < L <= self.backend.block_size:
+            raise ValueError(f"a row holds 1 to block_size = {self.backend.block_size} tokens, got {L}")
+        rows = [buffer[row : row + 1] for buffer in self.cache]
+        logits = self.backend.run_inplace(ids, np.zeros(1, dtype=np.int64), rows)  # a prefill, alone, in place
+        self.lengths[row] = L
         self.rows += 1
         return logits[0]
 
@@ -601,17 +561,12 @@ class OnnxInPlaceBatch:
     def step(self, tokens: np.ndarray) -> np.ndarray:
         n = self.rows
         lengths = self.lengths[:n].copy()
-        longest = int(lengths.max()) if n else 0
-        if longest >= self.backend.block_size:
+        if n and lengths.max() >= self.backend.block_size:
             raise ValueError(
                 f"a row already holds block_size = {self.backend.block_size} tokens: slide its window first"
             )
-        self._fit(longest + 1)  # room for the new column
         tokens = np.ascontiguousarray(tokens, dtype=np.int64)[:, None]
-        logits, new = self.backend.run_inplace(tokens, lengths, [buffer[:n] for buffer in self.cache])
-        rows = np.arange(n)
-        for buffer, value in zip(self.cache, new, strict=True):
-            buffer[rows, :, lengths] = value[:, :, 0]  # each row's new column, in place
+        logits = self.backend.run_inplace(tokens, lengths, [buffer[:n] for buffer in self.cache])
         self.lengths[:n] += 1
         return logits
 
@@ -636,7 +591,6 @@ __all__ = [
     "INPLACE_FORMAT",
     "INPLACE_INPUT_NAMES",
     "cache_names",
-    "new_names",
     "onnx_path",
     "weights_sha256",
     "past_names",

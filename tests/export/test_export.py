@@ -18,7 +18,6 @@ from export.validate import compare_with_torch
 from gpt_serve.generation.onnx_backend import (
     cache_names,
     load_session,
-    new_names,
     onnx_path,
     past_names,
     present_names,
@@ -85,8 +84,8 @@ def test_graph_io_names_dims_opset_and_metadata(exported_dir, quantized):
 
 @pytest.mark.parametrize("quantized", [False, True])
 def test_the_inplace_graph_takes_the_cache_and_returns_only_the_new_keys(exported_dir, quantized):
-    """No Concat of a cache: the graph reads `cache.*` where they are and outputs only the new tokens' keys/values;
-    its metadata is the main graph's but for the format."""
+    """The cache goes straight into ONNX Runtime's GroupQueryAttention (one node a layer, which writes the new
+    columns in place when `present.*` is bound to `cache.*`); the metadata is the main graph's but for the format."""
     path = onnx_path(exported_dir, quantized, inplace=True)
     proto = onnx.load(str(path))
     config = make_tiny_model().config
@@ -94,13 +93,12 @@ def test_the_inplace_graph_takes_the_cache_and_returns_only_the_new_keys(exporte
     inputs = {i.name: _dims(i) for i in proto.graph.input}
     outputs = {o.name: _dims(o) for o in proto.graph.output}
     assert list(inputs) == ["input_ids", "position_ids", "cache_lengths", *cache_names(2)]
-    assert list(outputs) == ["logits", *new_names(2)]
-    assert inputs["cache.1.value"] == ["batch_size", H, "cache_columns", hs]
+    assert list(outputs) == ["logits", *present_names(2)]
+    assert inputs["cache.1.value"] == outputs["present.1.value"] == ["batch_size", H, "cache_columns", hs]
     assert inputs["input_ids"] == inputs["position_ids"] == ["batch_size", "sequence_length"]
     assert outputs["logits"] == ["batch_size", 65]  # each row's last token
-    assert outputs["new.0.key"] == ["batch_size", H, "sequence_length", hs]
-    concat_inputs = {i for node in proto.graph.node if node.op_type == "Concat" for i in node.input}
-    assert not concat_inputs & set(cache_names(2))  # the cache is never copied into a longer tensor
+    readers = {i: node.op_type for node in proto.graph.node for i in node.input}
+    assert {readers[name] for name in cache_names(2)} == {"GroupQueryAttention"}  # read in place, never copied
     meta = {p.key: p.value for p in proto.metadata_props}
     main_meta = {p.key: p.value for p in onnx.load(str(onnx_path(exported_dir, quantized))).metadata_props}
     assert meta.pop("format") == "chargpt-decoder-inplace" and main_meta.pop("format") == "chargpt-decoder-with-past"
