@@ -4,6 +4,7 @@
     python benchmarks/serving.py --backends onnx --streams 1 16 --window-mode exact
     python benchmarks/serving.py --threads 2 --over api            # the same over HTTP: `gpt-serve serve`, openai
     python benchmarks/serving.py --threads 2 --over demo           # through the demo's /generate (gradio_client)
+    python benchmarks/serving.py --threads 2 --over demo --tokens 2 --streams 64 --backends torch   # request cost
     python benchmarks/serving.py --threads 2 --model lesson        # the lesson's 10.8M model (random weights)
 
 For each backend and each number of concurrent streams N: N requests of `--tokens` tokens each are submitted at
@@ -14,7 +15,10 @@ aggregate tokens/s (all tokens over the wall time), the per-stream tokens/s (p50
 own time), and time to first token p50/p95. With `--over api` the streams go through the OpenAI-compatible API of
 a `gpt-serve serve` process started here (on 127.0.0.1, a free port), read with the `openai` client; with
 `--over demo`, through the `/generate` API of a `python -m demo` process, read with `gradio_client` (each update is
-the text so far). `--model lesson` builds the lesson's 10.8M architecture with random weights and exports it
+the text so far); both also print the server process's CPU time per stream (its clients run on the same machine:
+`--tokens 2` shows what starting a request costs the server).
+
+`--model lesson` builds the lesson's 10.8M architecture with random weights and exports it
 (about a minute; its speed does not depend on the weights).
 """
 
@@ -41,6 +45,8 @@ from gpt_serve.generation import SamplingParams  # noqa: E402
 from gpt_serve.generation.registry import ModelRegistry  # noqa: E402
 from gpt_serve.generation.scheduler import Request, Scheduler  # noqa: E402
 from gpt_serve.models import model_path  # noqa: E402
+
+WARM_TOKENS = 8  # the warm-up streams' length
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -141,6 +147,15 @@ def run(consume, n: int, tokens: int) -> dict:
     )
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux's /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_server(args, model_dirs: list[str]) -> tuple[subprocess.Popen, str]:
     """`gpt-serve serve` (`--over api`) or `python -m demo` (`--over demo`) on 127.0.0.1 on a free port; (process,
     URL) once it answers."""
@@ -156,7 +171,7 @@ def start_server(args, model_dirs: list[str]) -> tuple[subprocess.Popen, str]:
         ready = "/health"
     else:
         cli = [sys.executable, "-m", "demo", "--port", str(port), "--threads", str(args.threads), "--no-preload"]
-        cli += ["--concurrency", str(max(args.streams)), "--max-new-tokens-limit", str(args.tokens)]
+        cli += ["--concurrency", str(max(args.streams)), "--max-new-tokens-limit", str(max(args.tokens, WARM_TOKENS))]
         ready = "/"
     process = subprocess.Popen(cli + extra, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
@@ -213,9 +228,11 @@ def bench(args, work: Path) -> int:
         "scheduler": "the scheduler itself",
     }[args.over]
     print(f"over: {over}")
-    print("| backend | streams | complete | aggregate tok/s | per-stream tok/s p50 | TTFT p50 | TTFT p95 |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
     server = start_server(args, model_dirs) if args.over != "scheduler" else None
+    server_cpu = " server CPU per stream |" if server else ""
+    header = "| backend | streams | complete | aggregate tok/s | per-stream tok/s p50 | TTFT p50 | TTFT p95 |"
+    print(header + server_cpu)
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if server else ""))
     try:
         for key in args.backends:
             registry = None
@@ -226,22 +243,24 @@ def bench(args, work: Path) -> int:
                 )
                 loaded, scheduler = registry.backend("model", key), registry.scheduler("model", key)
                 consume = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), args.tokens, args.window_mode)
-                warm = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), 8, args.window_mode)
+                warm = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), WARM_TOKENS, args.window_mode)
             else:
                 if args.over == "api":
                     stream = api_stream
                 else:
                     stream = functools.partial(demo_stream, streams=max(args.streams))
                 consume = stream(server[1], args.model, key, args.prompt, args.tokens, args.window_mode)
-                warm = stream(server[1], args.model, key, args.prompt, 8, args.window_mode)
+                warm = stream(server[1], args.model, key, args.prompt, WARM_TOKENS, args.window_mode)
             try:
-                run(warm, 2, 8)  # warm-up: loading, first-call allocations, thread pools
+                run(warm, 2, WARM_TOKENS)  # warm-up: loading, first-call allocations, thread pools
                 run(consume, 1, args.tokens)  # and every window length once (a cold first stream ran ~40% slower)
                 for n in args.streams:
+                    cpu = process_cpu_seconds(server[0].pid) if server else None
                     r = run(consume, n, args.tokens)
+                    used = "" if cpu is None else f" {(process_cpu_seconds(server[0].pid) - cpu) / n * 1e3:.1f} ms |"
                     print(
                         f"| {key} | {n} | {r['complete']}/{n} | {r['aggregate']:,.0f} | {r['per_stream']:,.0f} | "
-                        f"{r['ttft_p50'] * 1e3:.0f} ms | {r['ttft_p95'] * 1e3:.0f} ms |",
+                        f"{r['ttft_p50'] * 1e3:.0f} ms | {r['ttft_p95'] * 1e3:.0f} ms |{used}",
                         flush=True,
                     )
             finally:
