@@ -257,7 +257,10 @@ def bench(args, work: Path) -> int:
                 for n in args.streams:
                     cpu = process_cpu_seconds(server[0].pid) if server else None
                     r = run(consume, n, args.tokens)
-                    used = "" if cpu is None else f" {(process_cpu_seconds(server[0].pid) - cpu) / n * 1e3:.1f} ms |"
+                    after = process_cpu_seconds(server[0].pid) if server else None
+                    used = " n/a |" if server else ""
+                    if cpu is not None and after is not None:
+                        used = f" {(after - cpu) / n * 1e3:.1f} ms |"
                     print(
                         f"| {key} | {n} | {r['complete']}/{n} | {r['aggregate']:,.0f} | {r['per_stream']:,.0f} | "
                         f"{r['ttft_p50'] * 1e3:.0f} ms | {r['ttft_p95'] * 1e3:.0f} ms |{used}",

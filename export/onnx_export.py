@@ -1,4 +1,5 @@
-"""Writing the ONNX graphs: the KV-cache decoder (fp32), its metadata, and the int8 copy.
+"""Writing the ONNX graphs: the KV-cache decoder in Hugging Face's layout (fp32), the in-place decode graph that
+gpt-serve's ONNX backend runs (`DecoderInPlace`), their metadata, and the int8 copies.
 
 Exporter choice: the TorchScript-based exporter (`torch.onnx.export(..., dynamo=False)`), on purpose. With the
 pinned torch 2.13 both exporters produce a correct KV-cache decoder (see FIELD-NOTES), but this one

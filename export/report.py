@@ -46,6 +46,11 @@ def format_report(report: ExportReport) -> str:
     for weights in report.parity:
         rule = f"limit {report.atol:.0e}" if weights.startswith("fp32") else "reported, not checked"
         lines.append(f"  ORT vs torch   {weights}: {_parity_line(report, weights)} [{rule}]")
+    if report.int8_inplace_vs_int8 is not None:
+        lines.append(
+            f"  int8 in-place  vs the int8 graph, weights folded to fp32: max |Δlogits| "
+            f"{report.int8_inplace_vs_int8:.1e} [limit {report.atol:.0e}]"
+        )
     v = report.val_loss
     if v is not None:
         lines.append(
@@ -66,6 +71,11 @@ def card_section(report: ExportReport, command: str) -> str:
         for name, size in report.files.items()
     )
     parity = "\n".join(f"- ONNX Runtime vs PyTorch, {w}: {_parity_line(report, w)}." for w in report.parity)
+    if report.int8_inplace_vs_int8 is not None:
+        parity += (
+            f"\n- int8 in-place vs the int8 graph, both with their weights folded to fp32: max |Δlogits| "
+            f"{report.int8_inplace_vs_int8:.1e} (limit {report.atol:.0e})."
+        )
     v = report.val_loss
     val = (
         f"- int8 validation loss on {v.tokens:,} characters of {v.source}: {v.fp32:.4f} (fp32) -> {v.int8:.4f} "
@@ -91,12 +101,13 @@ Exported and validated by `{command}`
 `model*.onnx`: one decoder graph with a KV cache in Hugging Face's layout serves prefill (empty past) and decode.
 Inputs `input_ids`, `attention_mask`, `position_ids`, `past_key_values.{{i}}.key/.value`; outputs `logits`,
 `present.{{i}}.key/.value`; dynamic dims `batch_size`, `sequence_length`, `past_sequence_length`.
-`decoder_inplace*.onnx`: new tokens over a cache the caller keeps and updates in place (gpt-serve's ONNX backend
+`decoder_inplace*.onnx`: new tokens over a cache that ONNX Runtime updates in place (gpt-serve's ONNX backend
 prefills and decodes with it). Inputs `input_ids`, `position_ids` (batch, sequence), `cache_lengths` (batch),
-`cache.{{i}}.key/.value` (batch, heads, columns, head size; row b's keys in columns `[0, cache_lengths[b])`; 0 columns
-for a prefill); outputs `logits` (batch, vocab: each row's last token) and `new.{{i}}.key/.value` (batch, heads,
-sequence, head size), to be written from column `cache_lengths[b]`. Each file's metadata holds `block_size` and the
-vocabulary's sha256, checked against `vocab.json` at load time.
+`cache.{{i}}.key/.value` (batch, heads, columns, head size; row b's keys in columns `[0, cache_lengths[b])`, room for
+the new ones after them); outputs `logits` (batch, vocab: each row's last token) and `present.{{i}}.key/.value`, the
+cache with the new tokens' columns written: bound to the inputs' memory, nothing is copied. Each layer's attention
+is one `com.microsoft` `GroupQueryAttention` node (ONNX Runtime only). Each file's metadata holds `block_size` and
+the vocabulary's sha256, checked against `vocab.json` at load time.
 
 - `onnx.checker`: {", ".join(f"{k} {c}" for k, c in report.checker.items())}.
 {parity}

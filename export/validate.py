@@ -1,8 +1,10 @@
 """The export's self-checks: the ONNX checker, ONNX Runtime against PyTorch, and int8 against fp32 on real text.
 
-`compare_with_torch` runs the graph through a plain `InferenceSession` (not `OnnxBackend`), so it checks the file
-itself: output names, shapes and values on a left-padded batch, for a prefill from an empty past and several
-decode steps that feed each side's own cache back in.
+`compare_with_torch` runs the Hugging Face layout graph through a plain `InferenceSession` (not `OnnxBackend`), so
+it checks the file itself: output names, shapes and values on a left-padded batch, for a prefill from an empty past
+and several decode steps that feed each side's own cache back in. `compare_inplace_with_torch` does the same for
+the in-place graph, bound as the backend binds it (`onnx_backend.run_inplace`), on rows prefilled alone and then
+decoded together; `compare_inplace_with_main` checks an in-place graph against its Hugging Face layout twin.
 """
 
 from __future__ import annotations
@@ -18,12 +20,11 @@ from transformers.cache_utils import DynamicCache
 
 from gpt_serve.generation.engine import left_pad
 from gpt_serve.generation.onnx_backend import (
-    INPLACE_INPUT_NAMES,
     INPUT_NAMES,
     LOGITS_NAME,
-    cache_names,
     past_names,
     present_names,
+    run_inplace,
 )
 from gpt_serve.modeling_chargpt import CharGPTForCausalLM
 
@@ -35,7 +36,8 @@ INT8_MAX_VAL_LOSS_INCREASE = 0.02
 
 @dataclass
 class ParityResult:
-    """ONNX Runtime vs PyTorch on one left-padded batch: a prefill then `decode_steps` cached steps."""
+    """ONNX Runtime vs PyTorch on one batch (left-padded, or for the in-place graph rows prefilled alone): a prefill
+    then `decode_steps` cached steps."""
 
     batch_lengths: list[int]
     decode_steps: int
@@ -151,23 +153,11 @@ def compare_inplace_with_torch(
     cache = [rng.standard_normal((B, H, C, hs)).astype(np.float32) for _ in range(2 * n_layer)]
 
     def run(ids, filled, past) -> dict[str, np.ndarray]:
-        """The graph as `OnnxInPlaceBatch` runs it: each `present.*` output bound to its `cache.*` input's memory
-        (here a copy of `past`, which stays as it was for the checks)."""
-        positions = filled[:, None] + np.arange(ids.shape[1])
-        binding = session.io_binding()
-        for name, value in zip(INPLACE_INPUT_NAMES, (ids, positions, filled), strict=True):
-            binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        binding.bind_output(LOGITS_NAME, "cpu")  # first: get_outputs() is in binding order
+        """The graph as `OnnxInPlaceBatch` runs it (`run_inplace`: each `present.*` bound to its `cache.*` input's
+        memory), on a copy of `past`, which stays as it was for the checks."""
         buffers = [np.array(p, copy=True) for p in past]
-        for name, present, buffer in zip(cache_names(n_layer), present_names(n_layer), buffers, strict=True):
-            value = ort.OrtValue.ortvalue_from_numpy(buffer)
-            binding.bind_ortvalue_input(name, value)
-            binding.bind_ortvalue_output(present, value)
-        session.run_with_iobinding(binding)
-        return {
-            LOGITS_NAME: binding.get_outputs()[0].numpy(),
-            **dict(zip(present_names(n_layer), buffers, strict=True)),
-        }
+        logits = run_inplace(session, ids, filled, buffers)
+        return {LOGITS_NAME: logits, **dict(zip(present_names(n_layer), buffers, strict=True))}
 
     def compare(step: int, ort_out, torch_logits, torch_new, columns, past) -> float:
         """max |Δlogits|; checks the written columns against PyTorch's new keys and that no other one changed."""
@@ -227,6 +217,25 @@ def compare_inplace_with_torch(
         tokens = logits.argmax(-1).astype(np.int64)
         filled += 1
     return result
+
+
+def compare_inplace_with_main(
+    config, main: ort.InferenceSession, inplace: ort.InferenceSession, lengths=(12, 6, 1), seed: int = 0
+) -> float:
+    """Max |Δ last-token logits| between a Hugging Face layout graph and an in-place graph on prompts prefilled alone
+    (the first from an empty past, the second into an empty `block_size`-column buffer)."""
+    rng = np.random.default_rng(seed)
+    n_layer, H, hs = config.n_layer, config.n_head, config.head_size
+    worst = 0.0
+    for length in (min(n, config.block_size) for n in lengths):
+        prompt = rng.integers(0, config.vocab_size, (1, length))
+        feeds = {"input_ids": prompt, "attention_mask": np.ones_like(prompt), "position_ids": np.arange(length)[None]}
+        feeds.update({name: np.zeros((1, H, 0, hs), np.float32) for name in past_names(n_layer)})
+        (expected,) = main.run([LOGITS_NAME], feeds)
+        buffers = [np.zeros((1, H, config.block_size, hs), np.float32) for _ in range(2 * n_layer)]
+        got = run_inplace(inplace, prompt, np.zeros(1, dtype=np.int64), buffers)
+        worst = max(worst, float(np.abs(got - expected[:, -1]).max()))
+    return worst
 
 
 def eval_windows(val_ids: np.ndarray, block_size: int, max_tokens: int) -> np.ndarray:

@@ -7,7 +7,9 @@ The engine knows nothing about tokenization or about what computes the logits. A
 
 taking int64 arrays `input_ids` (B, T) and `position_ids` (B, T), an int64 `attention_mask` (B, past + T) over the
 cached and new columns, and an opaque `cache` (None = start empty); it returns float logits (B, vocab) of the last
-position and the cache extended by the T new tokens. `TorchBackend` and `OnnxBackend` implement it.
+position and the cache extended by the T new tokens. `TorchBackend` and `OnnxBackend` implement it. A backend that
+also has `new_batch(max_rows)` (a `DecodeBatch`, see `gpt_serve.generation.scheduler`) and `window_logits(ids)`
+(full windows, no cache) runs a single prompt on a one-row batch instead: the scheduler's forward passes.
 
 Past `block_size` the engine slides the window: when the text no longer fits, it restarts the cache from the last
 `keep` tokens at positions `0..keep-1`, with `keep = block_size` for `window_mode="exact"` (so every step past the
@@ -110,7 +112,7 @@ def generate_tokens(
         check_prompt_ids(p, backend.vocab_size, f"prompt {b}")
     rng = np.random.default_rng(seed)
     stops = np.asarray(list(stop_token_ids), dtype=np.int64)
-    if len(prompts) == 1 and hasattr(backend, "new_batch"):
+    if len(prompts) == 1 and hasattr(backend, "new_batch") and hasattr(backend, "window_logits"):
         yield from _one_row(backend, prompts[0], max_new_tokens, sampling, rng, keep, window_mode == "exact", stops)
         return
     ids, mask = left_pad(prompts, extra=max_new_tokens)
@@ -158,8 +160,9 @@ def _one_row(backend, prompt: list[int], max_new_tokens: int, sampling, rng, kee
             logits, in_batch = batch.add(ids[start:])[None], True
         else:
             logits = batch.step(np.asarray(ids[-1:], dtype=np.int64))
-        context = np.asarray(ids, dtype=np.int64)[None]
-        logits = apply_repetition_penalty(logits, context, np.ones_like(context), sampling.repetition_penalty)
+        if sampling.repetition_penalty != 1.0:  # transformers' rule over every token so far (the batched loop's)
+            context = np.asarray(ids, dtype=np.int64)[None]
+            logits = apply_repetition_penalty(logits, context, np.ones_like(context), sampling.repetition_penalty)
         token = sample_next(logits, sampling, rng).astype(np.int64)
         ids.append(int(token[0]))
         yield token

@@ -16,7 +16,9 @@ It is also the one place that names the ONNX layout (file names, graph inputs/ou
 exporter (`python -m export`) imports these names from here. The layout is Hugging Face's: the graphs live in
 `MODEL_DIR/onnx/` next to `config.json` and `vocab.json`, and a decoder graph takes `input_ids`,
 `attention_mask`, `position_ids`, `past_key_values.{i}.key/.value` and returns `logits`, `present.{i}.key/.value`.
-One graph serves prefill (an empty past) and decode.
+One graph serves prefill (an empty past) and decode. Beside it, the export writes an in-place decode graph for
+ONNX Runtime (`onnx/decoder_inplace*.onnx`: `run_inplace`, `OnnxInPlaceBatch`), which this backend prefills and
+decodes with where the folder has it; the browser, onnxruntime-genai and other runtimes read the first.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -135,28 +138,51 @@ def session_options(threads: int | None = None, int8_compute: bool = True) -> or
     return options
 
 
+class UnsupportedGraph(ValueError):
+    """This ONNX Runtime has no kernel for an operator of the graph (an older release than the export's)."""
+
+
 def load_session(
     path: Path, threads: int | None = None, providers=None, int8_compute: bool = True
 ) -> ort.InferenceSession:
     """An InferenceSession on `path` (`session_options`), with a clear error for a missing, truncated or corrupt
-    file."""
+    file, and `UnsupportedGraph` for one this ONNX Runtime has no kernel for."""
     model_dir = path.parent.parent
     if not path.is_file():
         raise FileNotFoundError(f"ONNX model not found: {path}; " + EXPORT_HINT.format(model_dir=model_dir))
     try:
         providers = providers or ["CPUExecutionProvider"]
         return ort.InferenceSession(str(path), session_options(threads, int8_compute), providers=providers)
+    except (ort_errors.NotImplemented, ort_errors.Fail) as e:
+        message = str(e)
+        if isinstance(e, ort_errors.Fail) and "is not a registered function/op" not in message:
+            raise _corrupt(path, e) from None
+        raise UnsupportedGraph(
+            f"onnxruntime {ort.__version__} cannot run {path}: {message.splitlines()[0][:300]}. Upgrade onnxruntime "
+            f"(the export was validated with {_exported_with(path)})"
+        ) from None
     except (
-        ort_errors.Fail,
         ort_errors.InvalidArgument,
         ort_errors.InvalidProtobuf,
         ort_errors.InvalidGraph,
         ort_errors.NoModel,
     ) as e:
-        raise ValueError(
-            f"ONNX Runtime cannot load {path} ({path.stat().st_size} bytes): the file is truncated or corrupt "
-            f"({type(e).__name__}: {str(e)[:300]}). Re-" + EXPORT_HINT.format(model_dir=model_dir)
-        ) from None
+        raise _corrupt(path, e) from None
+
+
+def _corrupt(path: Path, error: Exception) -> ValueError:
+    return ValueError(
+        f"ONNX Runtime cannot load {path} ({path.stat().st_size} bytes): the file is truncated or corrupt "
+        f"({type(error).__name__}: {str(error)[:300]}). Re-" + EXPORT_HINT.format(model_dir=path.parent.parent)
+    )
+
+
+def _exported_with(path: Path) -> str:
+    """Which onnxruntime the folder's export report names (its model card), or a generic phrase."""
+    card = path.parent.parent / "README.md"
+    text = card.read_text(encoding="utf-8", errors="replace") if card.is_file() else ""
+    found = re.search(r"onnxruntime (\d+\.\d+\.\d+)", text)
+    return f"onnxruntime {found.group(1)}" if found else "a newer onnxruntime"
 
 
 class OnnxCache:
@@ -188,8 +214,8 @@ class OnnxBackend:
 
     Raises:
         FileNotFoundError: the ONNX file (or `vocab.json`) is missing.
-        ValueError: the ONNX file is truncated or corrupt, was not written by `python -m export`, or does not match
-            the folder's vocabulary or config.
+        ValueError: the ONNX file (or the in-place graph beside it) is truncated or corrupt, was not written by
+            `python -m export`, or does not match the folder's vocabulary, config or main graph.
     """
 
     def __init__(
@@ -223,7 +249,11 @@ class OnnxBackend:
         self.inplace_path = onnx_path(self.model_dir, self.quantized, inplace=True)
         self.inplace_session = None
         if inplace and self._cache_device == "cpu" and self.inplace_path.is_file():
-            self.inplace_session = load_session(self.inplace_path, threads, providers, int8_compute)
+            try:
+                self.inplace_session = load_session(self.inplace_path, threads, providers, int8_compute)
+            except UnsupportedGraph as e:  # an ONNX Runtime without the graph's GroupQueryAttention kernel
+                logger.warning("%s; decoding with the Hugging Face layout graph meanwhile", e)
+        if self.inplace_session is not None:
             self._check_inplace_graph()
         elif inplace and self._cache_device == "cpu":
             logger.info(
@@ -265,15 +295,7 @@ class OnnxBackend:
                 f"{path} and {self.path} come from different exports (their metadata differ in {differ}): the "
                 f"folder mixes files of two models or two exports. Re-" + EXPORT_HINT.format(model_dir=self.model_dir)
             )
-        inputs = [i.name for i in self.inplace_session.get_inputs()]
-        outputs = [o.name for o in self.inplace_session.get_outputs()]
-        expected_inputs = [*INPLACE_INPUT_NAMES, *cache_names(self.n_layer)]
-        expected_outputs = [LOGITS_NAME, *present_names(self.n_layer)]
-        if sorted(inputs) != sorted(expected_inputs) or outputs != expected_outputs:
-            raise ValueError(
-                f"{path} has inputs {sorted(inputs)} and outputs {outputs}; expected inputs {expected_inputs} "
-                f"and outputs {expected_outputs}"
-            )
+        _check_io(self.inplace_session, path, [*INPLACE_INPUT_NAMES, *cache_names(self.n_layer)], INPLACE_INPUT_NAMES)
         self._cache_names = cache_names(self.n_layer)
 
     def _check_vocab_and_config(self) -> None:
@@ -307,18 +329,7 @@ class OnnxBackend:
                 )
 
     def _check_graph_io(self) -> None:
-        inputs = {i.name: i.type for i in self.session.get_inputs()}
-        outputs = [o.name for o in self.session.get_outputs()]
-        expected_inputs = [*INPUT_NAMES, *past_names(self.n_layer)]
-        expected_outputs = [LOGITS_NAME, *present_names(self.n_layer)]
-        if sorted(inputs) != sorted(expected_inputs) or outputs != expected_outputs:
-            raise ValueError(
-                f"{self.path} has inputs {sorted(inputs)} and outputs {outputs}; expected inputs {expected_inputs} "
-                f"and outputs {expected_outputs}"
-            )
-        for name in INPUT_NAMES:
-            if inputs[name] != "tensor(int64)":
-                raise ValueError(f"{self.path}: input {name!r} is {inputs[name]}, expected tensor(int64)")
+        _check_io(self.session, self.path, [*INPUT_NAMES, *past_names(self.n_layer)], INPUT_NAMES)
 
     def new_batch(self, max_rows: int) -> OnnxInPlaceBatch | OnnxDecodeBatch:
         """An empty batch of at most `max_rows` rows for the scheduler (`gpt_serve.generation.scheduler`): on the
@@ -328,24 +339,14 @@ class OnnxBackend:
         return OnnxDecodeBatch(self, max_rows)
 
     def run_inplace(self, input_ids: np.ndarray, lengths: np.ndarray, cache: list[np.ndarray]) -> np.ndarray:
-        """T new tokens per row through the in-place graph, their keys/values written into `cache` in place.
-
-        `input_ids` int64 (rows, T) at positions `lengths[b] .. + T - 1`; `lengths` int64 (rows,) each row's cached
-        tokens; `cache` the graph's `cache.*` buffers, contiguous float32 (rows, H, columns, head_size) with row b's
-        keys in columns `[0, lengths[b])` and room for T more. Returns the logits (rows, V) of each row's last
-        token; the new columns are in `cache` (the graph's `present.*` outputs are bound to its memory)."""
-        T = input_ids.shape[1]
-        binding = self.inplace_session.io_binding()
-        binding.bind_cpu_input("input_ids", input_ids)
-        binding.bind_cpu_input("position_ids", lengths[:, None] + np.arange(T))
-        binding.bind_cpu_input("cache_lengths", lengths)
-        binding.bind_output(LOGITS_NAME, "cpu")  # first: get_outputs() is in binding order
-        for name, present, array in zip(self._cache_names, self._present_names, cache, strict=True):
-            value = ort.OrtValue.ortvalue_from_numpy(array)  # the numpy buffer's own memory, not a copy
-            binding.bind_ortvalue_input(name, value)
-            binding.bind_ortvalue_output(present, value)  # written in place
-        self.inplace_session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()
+        """`run_inplace` on this backend's in-place graph, with the ids checked (a sampled or prompt id outside the
+        vocabulary would otherwise be embedded as some other row of the table)."""
+        bad = input_ids[(input_ids < 0) | (input_ids >= self.vocab_size)]
+        if bad.size:
+            raise ValueError(
+                f"input_ids holds ids {np.unique(bad)[:10].tolist()} outside the vocabulary [0, {self.vocab_size - 1}]"
+            )
+        return run_inplace(self.inplace_session, input_ids, lengths, cache)
 
     def window_logits(self, input_ids: np.ndarray) -> np.ndarray:
         """Logits (B, V) of the last token of B windows of ids (B, T) at positions 0..T-1, without a cache: the
@@ -565,10 +566,57 @@ class OnnxInPlaceBatch:
             raise ValueError(
                 f"a row already holds block_size = {self.backend.block_size} tokens: slide its window first"
             )
-        tokens = np.ascontiguousarray(tokens, dtype=np.int64)[:, None]
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1, 1)
+        if len(tokens) != n:
+            raise ValueError(f"step takes one token per row: {n} rows, got {len(tokens)} tokens")
         logits = self.backend.run_inplace(tokens, lengths, [buffer[:n] for buffer in self.cache])
         self.lengths[:n] += 1
         return logits
+
+
+def _check_io(session: ort.InferenceSession, path: Path, expected_inputs: list[str], int_inputs) -> None:
+    """The graph's inputs are `expected_inputs` (`int_inputs` among them int64) and its outputs the logits and the
+    `present.*` of its layers."""
+    inputs = {i.name: i.type for i in session.get_inputs()}
+    outputs = [o.name for o in session.get_outputs()]
+    n_layer = sum(name.endswith(".key") for name in expected_inputs)
+    expected_outputs = [LOGITS_NAME, *present_names(n_layer)]
+    if sorted(inputs) != sorted(expected_inputs) or outputs != expected_outputs:
+        raise ValueError(
+            f"{path} has inputs {sorted(inputs)} and outputs {outputs}; expected inputs {expected_inputs} "
+            f"and outputs {expected_outputs}"
+        )
+    for name in int_inputs:
+        if inputs[name] != "tensor(int64)":
+            raise ValueError(f"{path}: input {name!r} is {inputs[name]}, expected tensor(int64)")
+
+
+def run_inplace(session: ort.InferenceSession, input_ids: np.ndarray, lengths: np.ndarray, cache: list) -> np.ndarray:
+    """T new tokens per row through an in-place graph (`session`), their keys/values written into `cache` in place.
+
+    `input_ids` int64 (rows, T) at positions `lengths[b] .. + T - 1`; `lengths` int64 (rows,) each row's cached
+    tokens; `cache` the graph's `cache.*` buffers in `cache_names` order, C-contiguous float32 (rows, H, columns,
+    head_size) with row b's keys in columns `[0, lengths[b])` and room for T more. Returns the logits (rows, V) of
+    each row's last token; the new columns are in `cache`: each `present.*` output is bound to its input's memory
+    (ONNX Runtime would copy a buffer that is not contiguous, and the write would be lost: refused here)."""
+    rows, T = input_ids.shape
+    if lengths.shape != (rows,) or any(a.dtype != np.float32 or not a.flags.c_contiguous for a in cache):
+        raise ValueError(
+            f"run_inplace needs lengths of shape ({rows},) and C-contiguous float32 cache buffers, got lengths "
+            f"{lengths.shape} and buffers {[(a.dtype.name, a.flags.c_contiguous) for a in cache]}"
+        )
+    binding = session.io_binding()
+    binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+    binding.bind_cpu_input("position_ids", lengths[:, None] + np.arange(T))
+    binding.bind_cpu_input("cache_lengths", np.ascontiguousarray(lengths, dtype=np.int64))
+    binding.bind_output(LOGITS_NAME, "cpu")  # first: get_outputs() is in binding order
+    n_layer = len(cache) // 2
+    for name, present, array in zip(cache_names(n_layer), present_names(n_layer), cache, strict=True):
+        value = ort.OrtValue.ortvalue_from_numpy(array)  # the numpy buffer's own memory, not a copy
+        binding.bind_ortvalue_input(name, value)
+        binding.bind_ortvalue_output(present, value)  # written in place
+    session.run_with_iobinding(binding)
+    return binding.get_outputs()[0].numpy()
 
 
 def _as_int64(name: str, array: Any) -> np.ndarray:
@@ -591,6 +639,8 @@ __all__ = [
     "INPLACE_FORMAT",
     "INPLACE_INPUT_NAMES",
     "cache_names",
+    "run_inplace",
+    "UnsupportedGraph",
     "onnx_path",
     "weights_sha256",
     "past_names",

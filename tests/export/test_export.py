@@ -35,6 +35,7 @@ def test_export_of_tiny_model_passes_its_own_validation(exported):
     inplace = report.parity["fp32 in-place"]
     assert inplace.names_ok and not inplace.shape_errors and inplace.decode_steps == 4
     assert inplace.max_abs_logits <= 1e-4 and inplace.max_abs_cache <= 1e-4
+    assert report.int8_inplace_vs_int8 <= 1e-4  # the same int8 weights as the checked int8 file
     fp32 = report.parity["fp32"]
     assert fp32.names_ok and not fp32.shape_errors
     assert fp32.batch_lengths == [12, 6, 1]  # left-padded rows
@@ -83,7 +84,7 @@ def test_graph_io_names_dims_opset_and_metadata(exported_dir, quantized):
 
 
 @pytest.mark.parametrize("quantized", [False, True])
-def test_the_inplace_graph_takes_the_cache_and_returns_only_the_new_keys(exported_dir, quantized):
+def test_the_inplace_graph_reads_and_writes_the_cache_in_place(exported_dir, quantized):
     """The cache goes straight into ONNX Runtime's GroupQueryAttention (one node a layer, which writes the new
     columns in place when `present.*` is bound to `cache.*`); the metadata is the main graph's but for the format."""
     path = onnx_path(exported_dir, quantized, inplace=True)

@@ -13,7 +13,7 @@ import onnx
 import pytest
 
 from gpt_serve.generation.engine import generate_tokens, stream_text
-from gpt_serve.generation.onnx_backend import OnnxBackend, onnx_path
+from gpt_serve.generation.onnx_backend import OnnxBackend, UnsupportedGraph, onnx_path, run_inplace
 from gpt_serve.generation.sampling import SamplingParams
 from gpt_serve.generation.torch_backend import TorchBackend, full_recompute_generate
 from gpt_serve.models import DEFAULT_MODEL, list_models, model_path
@@ -182,6 +182,43 @@ def test_a_folder_without_the_inplace_graph_decodes_on_the_other(tmp_path, expor
     backend = OnnxBackend(folder, threads=1)
     assert backend.inplace_session is None and type(backend.new_batch(2)).__name__ == "OnnxDecodeBatch"
     assert tokens(backend, [[1, 2]], 5).shape == (1, 5)
+
+
+def _unknown_attention_op(path: Path) -> None:
+    """`path`'s GroupQueryAttention renamed to an op no ONNX Runtime has: what an older release sees."""
+    proto = onnx.load(str(path))
+    for node in proto.graph.node:
+        if node.op_type == "GroupQueryAttention":
+            node.op_type = "GroupQueryAttentionFromTheFuture"
+    onnx.save(proto, str(path))
+
+
+def test_an_onnx_runtime_without_the_inplace_kernel_falls_back_with_a_warning(tmp_path, exported_dir, caplog):
+    folder = Path(shutil.copytree(exported_dir, tmp_path / "m"))
+    _unknown_attention_op(onnx_path(folder, inplace=True))
+    with caplog.at_level("WARNING"):
+        backend = OnnxBackend(folder, threads=1)
+    assert backend.inplace_session is None and type(backend.new_batch(2)).__name__ == "OnnxDecodeBatch"
+    assert "cannot run" in caplog.text and "Upgrade onnxruntime" in caplog.text and "Hugging Face layout" in caplog.text
+    shutil.copy(onnx_path(folder, inplace=True), onnx_path(folder))  # the same op in the main graph: refused
+    with pytest.raises(UnsupportedGraph, match=r"onnxruntime \S+ cannot run .*model\.onnx.*Upgrade onnxruntime"):
+        OnnxBackend(folder, inplace=False)
+
+
+def test_the_inplace_batch_refuses_what_it_cannot_run(exported_dir):
+    backend = OnnxBackend(exported_dir, threads=1)
+    batch = backend.new_batch(2)
+    batch.add([1, 2, 3])
+    with pytest.raises(ValueError, match="one token per row: 1 rows, got 2 tokens"):
+        batch.step(np.array([1, 2]))
+    with pytest.raises(ValueError, match=r"ids \[65\] outside the vocabulary \[0, 64\]"):
+        batch.step(np.array([65]))
+    with pytest.raises(ValueError, match="1 to block_size = 16 tokens, got 17"):
+        batch.add([1] * 17)
+    strided = [b[:1, :, ::2] for b in batch.cache]  # not contiguous: ONNX Runtime would write into a copy
+    with pytest.raises(ValueError, match="C-contiguous float32 cache buffers"):
+        run_inplace(backend.inplace_session, np.ones((1, 1), dtype=np.int64), np.zeros(1, dtype=np.int64), strided)
+    assert batch.step(np.array([4])).shape == (1, 65)  # still usable
 
 
 @pytest.mark.parametrize("damage", ["truncated", "other export", "main graph"])
