@@ -145,3 +145,11 @@ def test_decode_batch_benchmark():
     )
     for batch in ("TorchDecodeBatch", "OnnxDecodeBatch", "OnnxInPlaceBatch"):
         assert out.count(f"| {batch} |") == (2 if batch == "TorchDecodeBatch" else 4)  # 2 row counts (x 2 ONNX files)
+
+
+@pytest.mark.parametrize("graph", ["inplace", "hf"])
+def test_scheduler_process_benchmark(graph):
+    out = run_script(
+        "scheduler_process.py", "--model", "ladder-a", "--graph", graph, "--streams", "2", "--tokens", "20"
+    )
+    assert out.strip() == "40 tokens"
