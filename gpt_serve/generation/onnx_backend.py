@@ -296,7 +296,6 @@ class OnnxBackend:
                 f"folder mixes files of two models or two exports. Re-" + EXPORT_HINT.format(model_dir=self.model_dir)
             )
         _check_io(self.inplace_session, path, [*INPLACE_INPUT_NAMES, *cache_names(self.n_layer)], INPLACE_INPUT_NAMES)
-        self._cache_names = cache_names(self.n_layer)
 
     def _check_vocab_and_config(self) -> None:
         vocab_file = self.model_dir / VOCAB_FILE_NAME
@@ -341,12 +340,15 @@ class OnnxBackend:
     def run_inplace(self, input_ids: np.ndarray, lengths: np.ndarray, cache: list[np.ndarray]) -> np.ndarray:
         """`run_inplace` on this backend's in-place graph, with the ids checked (a sampled or prompt id outside the
         vocabulary would otherwise be embedded as some other row of the table)."""
-        bad = input_ids[(input_ids < 0) | (input_ids >= self.vocab_size)]
+        self._check_vocabulary(input_ids)
+        return run_inplace(self.inplace_session, input_ids, lengths, cache)
+
+    def _check_vocabulary(self, ids: np.ndarray) -> None:
+        bad = ids[(ids < 0) | (ids >= self.vocab_size)]
         if bad.size:
             raise ValueError(
                 f"input_ids holds ids {np.unique(bad)[:10].tolist()} outside the vocabulary [0, {self.vocab_size - 1}]"
             )
-        return run_inplace(self.inplace_session, input_ids, lengths, cache)
 
     def window_logits(self, input_ids: np.ndarray) -> np.ndarray:
         """Logits (B, V) of the last token of B windows of ids (B, T) at positions 0..T-1, without a cache: the
@@ -357,10 +359,11 @@ class OnnxBackend:
         ones, positions = np.ones_like(input_ids), np.broadcast_to(np.arange(input_ids.shape[1]), input_ids.shape)
         if self.inplace_session is None:
             return self.forward(input_ids, ones, positions, None)[0]
-        self._check_inputs(input_ids, ones, positions, 0)
+        self._check_inputs(input_ids, ones, positions, 0)  # the vocabulary's check among them
         B, T = input_ids.shape
-        scratch = [np.zeros((B, self.n_head, T, self.head_size), dtype=np.float32) for _ in self._cache_names]
-        return np.ascontiguousarray(self.run_inplace(input_ids, np.zeros(B, dtype=np.int64), scratch))
+        scratch = [np.zeros((B, self.n_head, T, self.head_size), dtype=np.float32) for _ in range(2 * self.n_layer)]
+        logits = run_inplace(self.inplace_session, input_ids, np.zeros(B, dtype=np.int64), scratch)
+        return np.ascontiguousarray(logits)
 
     def forward(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, cache: OnnxCache | None
@@ -428,12 +431,7 @@ class OnnxBackend:
                 f"attention_mask must have shape (batch, past + sequence) = ({B}, {past + T}) with {past} cached "
                 f"tokens, got {attention_mask.shape}"
             )
-        real = attention_mask[:, -T:] != 0
-        bad = input_ids[real & ((input_ids < 0) | (input_ids >= self.vocab_size))]
-        if bad.size:
-            raise ValueError(
-                f"input_ids holds ids {np.unique(bad)[:10].tolist()} outside the vocabulary [0, {self.vocab_size - 1}]"
-            )
+        self._check_vocabulary(input_ids[attention_mask[:, -T:] != 0])  # padding positions may hold any id
         if position_ids.min() < 0 or position_ids.max() >= self.block_size:
             raise ValueError(
                 f"position_ids must lie in [0, block_size) = [0, {self.block_size}), got "

@@ -59,13 +59,21 @@ def _dims(value_info) -> list:
     return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
 
 
+def _io(proto: onnx.ModelProto) -> tuple[dict[str, list], dict[str, list]]:
+    """The graph's inputs and outputs, in order, with their dims."""
+    return {i.name: _dims(i) for i in proto.graph.input}, {o.name: _dims(o) for o in proto.graph.output}
+
+
+def _metadata(proto: onnx.ModelProto) -> dict[str, str]:
+    return {p.key: p.value for p in proto.metadata_props}
+
+
 @pytest.mark.parametrize("quantized", [False, True])
 def test_graph_io_names_dims_opset_and_metadata(exported_dir, quantized):
     proto = onnx.load(str(onnx_path(exported_dir, quantized)), load_external_data=False)
     config = make_tiny_model().config
     H, hs = config.n_head, config.head_size
-    inputs = {i.name: _dims(i) for i in proto.graph.input}
-    outputs = {o.name: _dims(o) for o in proto.graph.output}
+    inputs, outputs = _io(proto)
     assert list(inputs) == ["input_ids", "attention_mask", "position_ids", *past_names(2)]
     assert list(outputs) == ["logits", *present_names(2)]
     assert inputs["input_ids"] == inputs["position_ids"] == ["batch_size", "sequence_length"]
@@ -74,7 +82,7 @@ def test_graph_io_names_dims_opset_and_metadata(exported_dir, quantized):
     assert outputs["logits"] == ["batch_size", "sequence_length", 65]
     assert outputs["present.0.key"] == ["batch_size", H, "past_sequence_length + sequence_length", hs]
     assert {o.domain: o.version for o in proto.opset_import}[""] == OPSET == 17
-    meta = {p.key: p.value for p in proto.metadata_props}
+    meta = _metadata(proto)
     vocab = CharVocab.from_file(exported_dir / "vocab.json")
     assert meta["block_size"] == "16" and meta["vocab_size"] == "65"
     assert meta["vocab_sha256"] == vocab.sha256
@@ -91,8 +99,7 @@ def test_the_inplace_graph_reads_and_writes_the_cache_in_place(exported_dir, qua
     proto = onnx.load(str(path))
     config = make_tiny_model().config
     H, hs = config.n_head, config.head_size
-    inputs = {i.name: _dims(i) for i in proto.graph.input}
-    outputs = {o.name: _dims(o) for o in proto.graph.output}
+    inputs, outputs = _io(proto)
     assert list(inputs) == ["input_ids", "position_ids", "cache_lengths", *cache_names(2)]
     assert list(outputs) == ["logits", *present_names(2)]
     assert inputs["cache.1.value"] == outputs["present.1.value"] == ["batch_size", H, "cache_columns", hs]
@@ -100,8 +107,7 @@ def test_the_inplace_graph_reads_and_writes_the_cache_in_place(exported_dir, qua
     assert outputs["logits"] == ["batch_size", 65]  # each row's last token
     readers = {i: node.op_type for node in proto.graph.node for i in node.input}
     assert {readers[name] for name in cache_names(2)} == {"GroupQueryAttention"}  # read in place, never copied
-    meta = {p.key: p.value for p in proto.metadata_props}
-    main_meta = {p.key: p.value for p in onnx.load(str(onnx_path(exported_dir, quantized))).metadata_props}
+    meta, main_meta = _metadata(proto), _metadata(onnx.load(str(onnx_path(exported_dir, quantized))))
     assert meta.pop("format") == "chargpt-decoder-inplace" and main_meta.pop("format") == "chargpt-decoder-with-past"
     assert meta == main_meta
 
