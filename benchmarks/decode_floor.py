@@ -1,7 +1,8 @@
-"""The floor of a cached decode step, batch 1: its weight matrix products alone, then with its KV-cache copy.
+"""The floor of a cached decode step: its weight matrix products alone, then with its KV-cache copy.
 
-    python benchmarks/decode_floor.py                  # lesson-size shapes, 2 threads
+    python benchmarks/decode_floor.py                  # lesson-size shapes, 2 threads, batch 1
     python benchmarks/decode_floor.py --threads 1 --n-embd 192 --n-layer 4 --n-head 6 --past 80
+    python benchmarks/decode_floor.py --n-embd 192 --n-layer 4 --rows 1 16    # the shipped model's, 1 and 16 rows
 
 A cached decode step multiplies one row by every weight matrix of the model (per layer: qkv, the attention
 projection, the two feed-forward matrices), so its speed is bounded by how fast those matrices stream from memory.
@@ -15,8 +16,10 @@ This script times exactly those products, with random weights that do not fit in
   every step (`present.{i}.key/.value` = the whole `past_key_values.{i}.*` followed by the new row), at a cache
   of `--past` positions. An fp32 graph that keeps that I/O contract does all this work and more: its ceiling.
 
-Prints milliseconds per token, and the tokens/s ceiling that implies. The ONNX Runtime graphs run through IO
-binding, as `OnnxBackend` runs its model, taking turns over 3 rounds; each figure is the median of its rounds.
+Prints milliseconds per step, and the tokens/s ceiling that implies. With `--rows`, the products of that many rows
+at once (a batched step: (rows, 1, in) activations, the KV Concats' caches `rows` deep too), once per count. The
+ONNX Runtime graphs run through IO binding, as `OnnxBackend` runs its model, taking turns over 3 rounds; each
+figure is the median of its rounds.
 Not a test: numbers depend on the machine and its load.
 """
 
@@ -50,9 +53,9 @@ def per_call_ms(fn, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats * 1e3
 
 
-def torch_floors(shapes, repeats: int) -> dict[str, float]:
+def torch_floors(shapes, repeats: int, batch: int = 1) -> dict[str, float]:
     linears = [torch.nn.Linear(i, o) for i, o in shapes]
-    rows = {i: torch.randn(1, 1, i) for i, _ in shapes}
+    rows = {i: torch.randn(batch, 1, i) for i, _ in shapes}
     fast = [DecodeLinear(linear) for linear in linears]
     with torch.inference_mode():
         plain = per_call_ms(lambda: [F.linear(rows[m.in_features], m.weight, m.bias) for m in linears], repeats)
@@ -60,23 +63,24 @@ def torch_floors(shapes, repeats: int) -> dict[str, float]:
     return {"PyTorch F.linear": plain, "PyTorch DecodeLinear": decode}
 
 
-def onnx_matmuls(shapes, kv: tuple[int, int, int] | None = None, seed: int = 0) -> bytes:
+def onnx_matmuls(shapes, kv: tuple[int, int, int] | None = None, seed: int = 0, batch: int = 1) -> bytes:
     """A graph of the decode step's weight products; with `kv = (n_head, head_size, past)` also each layer's two
-    KV-cache Concats, past (1, n_head, past, head_size) + the new row -> present (1, n_head, past + 1, head_size)."""
+    KV-cache Concats, past (batch, n_head, past, head_size) + the new row -> present (batch, n_head, past + 1,
+    head_size)."""
     rng = np.random.default_rng(seed)
-    inputs = {f"x{i}": [1, 1, i] for i, _ in shapes}
+    inputs = {f"x{i}": [batch, 1, i] for i, _ in shapes}
     nodes, weights, outputs = [], [], {}
     for k, (i, o) in enumerate(shapes):
         weights.append(numpy_helper.from_array(rng.standard_normal((i, o)).astype(np.float32), f"w{k}"))
         nodes.append(helper.make_node("MatMul", [f"x{i}", f"w{k}"], [f"y{k}"]))
-        outputs[f"y{k}"] = [1, 1, o]
+        outputs[f"y{k}"] = [batch, 1, o]
     if kv is not None:
         n_head, head_size, past = kv
-        inputs["new"] = [1, n_head, 1, head_size]
+        inputs["new"] = [batch, n_head, 1, head_size]
         for j in range(2 * (len(shapes) // 4)):  # a key and a value per layer
-            inputs[f"past{j}"] = [1, n_head, past, head_size]
+            inputs[f"past{j}"] = [batch, n_head, past, head_size]
             nodes.append(helper.make_node("Concat", [f"past{j}", "new"], [f"present{j}"], axis=2))
-            outputs[f"present{j}"] = [1, n_head, past + 1, head_size]
+            outputs[f"present{j}"] = [batch, n_head, past + 1, head_size]
     graph = helper.make_graph(
         nodes,
         "decode_floor",
@@ -105,10 +109,12 @@ def onnx_step(graph: bytes, threads: int):
     return lambda: session.run_with_iobinding(binding)
 
 
-def onnx_floors(shapes, threads: int, repeats: int, kv: tuple[int, int, int], rounds: int = 3) -> dict[str, float]:
+def onnx_floors(
+    shapes, threads: int, repeats: int, kv: tuple[int, int, int], rounds: int = 3, batch: int = 1
+) -> dict[str, float]:
     graphs = {
-        "ONNX Runtime MatMul only": onnx_matmuls(shapes),
-        f"ONNX Runtime + KV Concat, past {kv[2]}": onnx_matmuls(shapes, kv),
+        "ONNX Runtime MatMul only": onnx_matmuls(shapes, batch=batch),
+        f"ONNX Runtime + KV Concat, past {kv[2]}": onnx_matmuls(shapes, kv, batch=batch),
     }
     # One session alive at a time: an idle session's thread pool would still spin beside the one being timed.
     times: dict[str, list[float]] = {name: [] for name in graphs}
@@ -132,21 +138,29 @@ def main(argv: list[str] | None = None) -> int:
         "in-window run on the lesson-size model, 64 -> 256)",
     )
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument(
+        "--rows", type=int, nargs="+", default=[1], help="rows decoded at once, one measurement per count (default 1)"
+    )
     args = parser.parse_args(argv)
     if args.n_embd % args.n_head:
         parser.error(f"--n-embd {args.n_embd} is not a multiple of --n-head {args.n_head}")
+    if min(args.rows) < 1:
+        parser.error(f"--rows must be >= 1, got {min(args.rows)}")
     torch.set_num_threads(args.threads)
     shapes = layer_shapes(args.n_embd, args.n_layer)
     megabytes = sum(i * o for i, o in shapes) * 4 / 1e6
-    results = torch_floors(shapes, args.repeats)
     kv = (args.n_head, args.n_embd // args.n_head, args.past)
-    results.update(onnx_floors(shapes, args.threads, args.repeats, kv))
     print(
-        f"{len(shapes)} weight matrices ({megabytes:.1f} MB fp32), batch 1, {args.threads} threads, "
-        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+        f"{len(shapes)} weight matrices ({megabytes:.1f} MB fp32), {args.threads} threads, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start"
     )
-    for name, ms in results.items():
-        print(f"  {name:36s} {ms:6.3f} ms per token   (ceiling {1e3 / ms:6.0f} tok/s)")
+    for batch in args.rows:
+        results = torch_floors(shapes, args.repeats, batch)
+        results.update(onnx_floors(shapes, args.threads, args.repeats, kv, batch=batch))
+        print(f"batch {batch}:")
+        for name, ms in results.items():
+            print(f"  {name:36s} {ms:6.3f} ms per step   (ceiling {batch * 1e3 / ms:6.0f} tok/s)")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0
 
 

@@ -3,20 +3,22 @@
     python benchmarks/serving.py --threads 2                       # shipped model, torch and onnx-int8, 1/4/16/64
     python benchmarks/serving.py --backends onnx --streams 1 16 --window-mode exact
     python benchmarks/serving.py --threads 2 --over api            # the same over HTTP: `gpt-serve serve`, openai
-    python benchmarks/serving.py --threads 2 --over demo           # through the demo's /generate (gradio_client)
+    python benchmarks/serving.py --threads 2 --over demo           # through the demo's /generate (Gradio's HTTP API)
+    python benchmarks/serving.py --threads 2 --over demo --client gradio_client   # read with gradio_client
     python benchmarks/serving.py --threads 2 --over demo --tokens 2 --streams 64 --backends torch   # request cost
     python benchmarks/serving.py --threads 2 --model lesson        # the lesson's 10.8M model (random weights)
 
 For each backend and each number of concurrent streams N: N requests of `--tokens` tokens each are submitted at
 once to the `Scheduler` of a `ModelRegistry` (as the servers get theirs: PyTorch models load and decode on the
 shared `torch_runner()` thread) and read by N asyncio tasks on one event loop (`Stream.atake`, as the API server's
-handlers read them), after a warm-up that includes one whole stream (every window length once). It prints the
+handlers read them), after a warm-up that includes a whole round of the most streams asked for. It prints the
 aggregate tokens/s (all tokens over the wall time), the per-stream tokens/s (p50 of each stream's tokens over its
 own time), and time to first token p50/p95. With `--over api` the streams go through the OpenAI-compatible API of
 a `gpt-serve serve` process started here (on 127.0.0.1, a free port), read with the `openai` client; with
-`--over demo`, through the `/generate` API of a `python -m demo` process, read with `gradio_client` (each update is
-the text so far); both also print the server process's CPU time per stream (its clients run on the same machine:
-`--tokens 2` shows what starting a request costs the server).
+`--over demo`, through the `/generate` API of a `python -m demo` process, over Gradio's HTTP API read with `httpx`
+(`--client gradio_client` for that client; each update is the text so far). Both also print the CPU time per
+stream of the server process and of this one (the clients: they share the machine with the server); `--tokens 2`
+shows what starting a request costs.
 
 `--model lesson` builds the lesson's 10.8M architecture with random weights and exports it
 (about a minute; its speed does not depend on the weights).
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import functools
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -88,10 +91,51 @@ def api_stream(url: str, model: str, backend: str, prompt: str, tokens: int, win
     return consume
 
 
-def demo_stream(url: str, model: str, backend: str, prompt: str, tokens: int, window_mode: str, streams: int = 64):
-    """The same through the demo's /generate (gradio_client): each update is the whole text so far. The client runs
-    each job on a thread of its own pool, 40 by default: sized for `streams` here, or the streams past 40 would wait
-    in the client for a free thread (that had put 16-30 s of client-side waiting into the 64-stream TTFT p95)."""
+def demo_stream(
+    url: str, model: str, backend: str, prompt: str, tokens: int, window_mode: str, new_sessions: bool = False
+):
+    """The same through the demo's /generate over Gradio's HTTP API (`POST /gradio_api/call/generate`, then its
+    server-sent events), one `httpx` client for all streams: each `generating` event is the whole text so far.
+
+    Stream `seed` is visitor `seed`: its requests share one Gradio session, as a page's runs do (Gradio builds a
+    session's state, a config of every block of the page, at its first event). With `new_sessions`, every request
+    is a new visitor's first."""
+    import json
+
+    import httpx
+
+    http = httpx.Client(base_url=f"{url}/gradio_api/call/generate", timeout=600)
+    visitors = secrets.token_hex(4)
+    data = [prompt, tokens, 0.8, None, 1.0, None, backend, model, window_mode, "error"]  # /generate's parameters
+
+    def consume(seed: int):
+        session = None if new_sessions else f"{visitors}-{seed}"
+        posted = http.post("", json={"data": [*data[:5], seed, *data[6:]], "session_hash": session})
+        posted.raise_for_status()
+        seen, event = 0, None
+        with http.stream("GET", f"/{posted.json()['event_id']}") as response:
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: ") and event in ("generating", "complete"):
+                    text = json.loads(line[6:])[0]
+                    if len(text) > seen:
+                        yield len(text) - seen
+                        seen = len(text)
+                elif line.startswith("data: ") and event == "error":
+                    raise RuntimeError(f"/generate failed: {line[6:]}")
+
+    return consume
+
+
+def gradio_client_stream(
+    url: str, model: str, backend: str, prompt: str, tokens: int, window_mode: str, streams: int = 64
+):
+    """The same with `gradio_client` (`--client gradio_client`). The client runs each job on a thread of its own
+    pool, 40 by default: sized for `streams` here, or the streams past 40 would wait in the client for a free thread
+    (that had put 16-30 s of client-side waiting into the 64-stream TTFT p95). Each job's thread polls for updates
+    every millisecond and each request makes a new HTTP client (an SSL context each), so on a machine shared with
+    the server these clients take a large part of the CPU (the last column)."""
     from gradio_client import Client
 
     client = Client(url, verbose=False, max_workers=streams + 2, analytics_enabled=False)
@@ -172,6 +216,8 @@ def start_server(args, model_dirs: list[str]) -> tuple[subprocess.Popen, str]:
     else:
         cli = [sys.executable, "-m", "demo", "--port", str(port), "--threads", str(args.threads), "--no-preload"]
         cli += ["--concurrency", str(max(args.streams)), "--max-new-tokens-limit", str(max(args.tokens, WARM_TOKENS))]
+        if args.max_updates_per_second is not None:
+            cli += ["--max-updates-per-second", str(args.max_updates_per_second)]
         ready = "/"
     process = subprocess.Popen(cli + extra, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
@@ -205,6 +251,24 @@ def main(argv: list[str] | None = None) -> int:
         default="scheduler",
         help="in process, over the OpenAI-compatible API, or over the demo's /generate",
     )
+    p.add_argument(
+        "--client",
+        choices=["http", "gradio_client"],
+        default="http",
+        help="with --over demo: Gradio's HTTP API read with httpx (default), or gradio_client",
+    )
+    p.add_argument(
+        "--new-sessions",
+        action="store_true",
+        help="with --over demo: every request a new visitor's first (default: stream i is visitor i, whose Gradio "
+        "session the warm-up opened)",
+    )
+    p.add_argument(
+        "--max-updates-per-second",
+        type=float,
+        default=None,
+        help="with --over demo: the demo's flag of that name (default: the demo's default; 0 for no limit)",
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
         return bench(args, Path(work))
@@ -224,15 +288,15 @@ def bench(args, work: Path) -> int:
     )
     over = {
         "api": "the OpenAI-compatible API (HTTP, openai client)",
-        "demo": "the demo's /generate (HTTP, gradio_client)",
+        "demo": f"the demo's /generate (HTTP, {'gradio_client' if args.client == 'gradio_client' else 'httpx'})",
         "scheduler": "the scheduler itself",
     }[args.over]
     print(f"over: {over}")
     server = start_server(args, model_dirs) if args.over != "scheduler" else None
-    server_cpu = " server CPU per stream |" if server else ""
+    server_cpu = " server CPU per stream | clients' CPU per stream |" if server else ""
     header = "| backend | streams | complete | aggregate tok/s | per-stream tok/s p50 | TTFT p50 | TTFT p95 |"
     print(header + server_cpu)
-    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if server else ""))
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if server else ""))
     try:
         for key in args.backends:
             registry = None
@@ -247,20 +311,27 @@ def bench(args, work: Path) -> int:
             else:
                 if args.over == "api":
                     stream = api_stream
+                elif args.client == "gradio_client":
+                    stream = functools.partial(gradio_client_stream, streams=max(args.streams))
                 else:
-                    stream = functools.partial(demo_stream, streams=max(args.streams))
+                    stream = functools.partial(demo_stream, new_sessions=args.new_sessions)
                 consume = stream(server[1], args.model, key, args.prompt, args.tokens, args.window_mode)
                 warm = stream(server[1], args.model, key, args.prompt, WARM_TOKENS, args.window_mode)
             try:
-                run(warm, 2, WARM_TOKENS)  # warm-up: loading, first-call allocations, thread pools
-                run(consume, 1, args.tokens)  # and every window length once (a cold first stream ran ~40% slower)
+                run(warm, 2, WARM_TOKENS)  # loading, first-call allocations, thread pools
+                # then a whole round at the most streams: every window length, the batch's largest shapes (a cold
+                # first round ran slower: one stream ~40%, 64 over the demo 1.1-1.3 s to the first token against
+                # 0.4-0.7 s in the next) and, over the demo, every visitor's Gradio session
+                run(consume, max(args.streams), args.tokens)
                 for n in args.streams:
                     cpu = process_cpu_seconds(server[0].pid) if server else None
+                    client_cpu = time.process_time()
                     r = run(consume, n, args.tokens)
+                    client_cpu = time.process_time() - client_cpu
                     after = process_cpu_seconds(server[0].pid) if server else None
-                    used = " n/a |" if server else ""
+                    used = " n/a | n/a |" if server else ""
                     if cpu is not None and after is not None:
-                        used = f" {(after - cpu) / n * 1e3:.1f} ms |"
+                        used = f" {(after - cpu) / n * 1e3:.1f} ms | {client_cpu / n * 1e3:.1f} ms |"
                     print(
                         f"| {key} | {n} | {r['complete']}/{n} | {r['aggregate']:,.0f} | {r['per_stream']:,.0f} | "
                         f"{r['ttft_p50'] * 1e3:.0f} ms | {r['ttft_p95'] * 1e3:.0f} ms |{used}",

@@ -92,6 +92,7 @@ def build_demo(
     default_backend: str = "torch",
     limits: Limits | None = None,
     stream_interval: float = 0.05,
+    max_updates_per_second: float | None = 200.0,
     concurrency: int = 16,
     max_queue: int | None = 256,
     activity: Activity | None = None,
@@ -105,7 +106,9 @@ def build_demo(
         default_backend: the backend selected when the page opens, and /generate's default (`torch`, `onnx` or
             `onnx-int8`).
         limits: the largest requests accepted.
-        stream_interval: the least time between two streamed updates, in seconds.
+        stream_interval: the least time between two streamed updates of one stream, in seconds.
+        max_updates_per_second: about how many streamed updates all streams together send at most (many streams
+            at once are each updated less often); None for no limit.
         concurrency: how many generations run at once (more wait in the queue, up to `max_queue`).
         activity: counters of running streams and generated tokens (tests and benchmarks read them).
     """
@@ -118,6 +121,7 @@ def build_demo(
         stream_interval,
         registry.default_model(default_model),
         default_backend,
+        max_updates_per_second,
     )
     with gr.Blocks(title="gpt-serve: Let's build GPT", analytics_enabled=False) as demo:
         gr.Markdown(INTRO)

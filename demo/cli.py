@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from gpt_serve.cli import check_port_free, positive_int, quiet_model_loading, thread_count
+from gpt_serve.cli import check_port_free, non_negative_float, positive_int, quiet_model_loading, thread_count
 from gpt_serve.generation import BACKENDS
 from gpt_serve.models import MODELS_DIR
 
@@ -82,7 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="the largest max_new_tokens a request may ask for (default 2000)",
     )
     p.add_argument(
-        "--stream-interval", type=float, default=0.05, help="least seconds between two streamed updates (default 0.05)"
+        "--stream-interval",
+        type=non_negative_float,
+        default=0.05,
+        help="least seconds between two updates of one stream (default 0.05)",
+    )
+    p.add_argument(
+        "--max-updates-per-second",
+        type=non_negative_float,
+        default=200.0,
+        help="about how many updates all streams together send at most: with many streams at once each is updated "
+        "less often (default 200; 0 for no limit)",
     )
     p.add_argument(
         "--mcp",
@@ -202,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         default_backend=args.backend,
         limits=Limits(max_new_tokens=args.max_new_tokens_limit),
         stream_interval=args.stream_interval,
+        max_updates_per_second=args.max_updates_per_second or None,
         concurrency=args.concurrency,
     )
     try:

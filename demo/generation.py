@@ -294,16 +294,18 @@ def stream_progress(
     activity: Activity | None = None,
     should_stop: Callable[[], bool] | None = None,
     clock: Callable[[], float] = time.perf_counter,
-    poll_interval: float = 0.0,
+    poll_interval: float | Callable[[], float] = 0.0,
 ) -> Iterator[Progress]:
     """A `Progress` with no tokens once the prompt is encoded, one per generated token, then a last one with
-    `done=True`. Loads the backend on first use. With `poll_interval` (seconds), the tokens the scheduler made are
-    collected every that often rather than as each one comes (a stream shown at that pace needs no more).
+    `done=True`. Loads the backend on first use. With `poll_interval` (seconds, or a function giving them now), the
+    tokens the scheduler made are collected every that often rather than as each one comes (a stream shown at that
+    pace needs no more).
 
     `should_stop` is polled before the first token and after every token; once it returns True the stream ends
     (the last `Progress` has `stopped=True`) and no further forward pass runs.
     """
     start = clock()
+    pace = poll_interval if callable(poll_interval) else lambda: poll_interval
     loaded = registry.backend(request.model, request.backend)
     ids = encode_prompt(loaded.vocab, request.prompt, request.unk_policy)
     prompt, block_size = loaded.vocab.decode(ids), loaded.block_size
@@ -332,8 +334,8 @@ def stream_progress(
                 if should_stop is not None and should_stop():
                     stopped = True
                     break
-            if poll_interval and not stopped:
-                time.sleep(poll_interval)  # let tokens pile up: one wake-up per interval, not one per token
+            if not stopped and (pause := pace()) > 0:
+                time.sleep(pause)  # let tokens pile up: one wake-up per interval, not one per token
         ttft = None if first_at is None else first_at - start
         decode = now - (first_at or now)
         yield Progress(
@@ -345,23 +347,31 @@ def stream_progress(
         activity.end()
 
 
-def throttle(progress: Iterator[Progress], interval: float, clock: Callable[[], float] = time.perf_counter):
+def throttle(
+    progress: Iterator[Progress],
+    interval: float | Callable[[], float],
+    clock: Callable[[], float] = time.perf_counter,
+):
     """The first `Progress`, then at most one every `interval` seconds (the latest), and always the final one.
+    `interval` may be a function, asked at each state (`DemoHandlers.interval` lengthens it under load).
 
     Browsers fall behind yields much faster than ~20/s; the skipped states are superseded by the next one.
     """
+    pace = interval if callable(interval) else lambda: interval
     last = None
     for p in progress:
         if p.tokens == 0 and not p.done:  # the prompt, before any token: shown at once, and not a token
             yield p
             continue
         now = clock()
-        if p.done or last is None or now - last >= interval:
+        if p.done or last is None or now - last >= pace():
             last = now
             yield p
 
 
-def stream_side_by_side(streams: Sequence[Iterator[Progress] | str], interval: float) -> Iterator[list[str]]:
+def stream_side_by_side(
+    streams: Sequence[Iterator[Progress] | str], interval: float | Callable[[], float]
+) -> Iterator[list[str]]:
     """Advances several streams one token each in turn; yields all their texts (throttled) until every one ends.
 
     A `str` in `streams` is a message shown in place of a stream (e.g. why that model is unavailable); a stream
@@ -369,6 +379,7 @@ def stream_side_by_side(streams: Sequence[Iterator[Progress] | str], interval: f
     """
     texts = [s if isinstance(s, str) else "" for s in streams]
     live = {i: s for i, s in enumerate(streams) if not isinstance(s, str)}
+    pace = interval if callable(interval) else lambda: interval
     last = None
     try:
         while live:
@@ -381,7 +392,7 @@ def stream_side_by_side(streams: Sequence[Iterator[Progress] | str], interval: f
                     texts[i] = f"{texts[i]}\n[{e}]".lstrip("\n")
                     del live[i]
             now = time.perf_counter()
-            if not live or last is None or now - last >= interval:
+            if not live or last is None or now - last >= pace():
                 last = now
                 yield list(texts)
     finally:

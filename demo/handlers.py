@@ -49,9 +49,11 @@ class DemoHandlers:
         registry: the models to serve.
         limits: the largest requests accepted.
         activity: counters of running streams and generated tokens (tests and benchmarks read them).
-        stream_interval: the least time between two streamed updates, in seconds.
+        stream_interval: the least time between two streamed updates of one stream, in seconds.
         default_model: what /generate uses when `model` is not given.
         default_backend: what /generate uses when `backend` is not given.
+        max_updates_per_second: how many streamed updates all streams together send at most, about: with many
+            streams at once, each one's updates are spaced further apart (`interval`). None for no such limit.
     """
 
     def __init__(
@@ -62,15 +64,26 @@ class DemoHandlers:
         stream_interval: float,
         default_model: str,
         default_backend: str,
+        max_updates_per_second: float | None = None,
     ):
         self.registry, self.limits, self.activity = registry, limits, activity
-        self.stream_interval = stream_interval
+        self.stream_interval, self.max_updates_per_second = stream_interval, max_updates_per_second
         self.default_model, self.default_backend = default_model, default_backend
         self.stops = StopRequests()
         self._weights: OrderedDict[tuple, object] = OrderedDict()  # (model, ids) -> attention weights, a few
         self._weights_lock = threading.Lock()
         # the comparison's columns: the default model, then the ladder's stages A-E
         self.compared = list(dict.fromkeys([default_model, *(n for n in LADDER_MODELS if n in registry.names)]))
+
+    def interval(self) -> float:
+        """The least seconds between two updates of one stream now: `stream_interval`, or longer while so many
+        streams run that together they would send more than `max_updates_per_second`. Every update costs the
+        server and its client work of their own (Gradio's message, the client's parsing) whatever it carries; a
+        crowd of streams each updated per token would spend the CPU on that instead of on decoding. A stream's
+        first token and its end are sent at once whatever the interval (`throttle`)."""
+        if not self.max_updates_per_second:
+            return self.stream_interval
+        return max(self.stream_interval, self.activity.active / self.max_updates_per_second)
 
     def _parse(self, form) -> GenerationRequest:
         """Checks the request fields (`FIELDS`, in order); None for backend and model means the defaults."""
@@ -113,8 +126,8 @@ class DemoHandlers:
         try:
             request = self._parse([sent[name] for name in FIELDS])
             last = None
-            progress = stream_progress(self.registry, request, self.activity, poll_interval=self.stream_interval)
-            for p in throttle(progress, self.stream_interval):
+            progress = stream_progress(self.registry, request, self.activity, poll_interval=self.interval)
+            for p in throttle(progress, self.interval):
                 if p.text != last and (p.tokens or p.done):
                     last = p.text
                     yield p.text
@@ -164,9 +177,9 @@ class DemoHandlers:
                 request,
                 self.activity,
                 should_stop=lambda: self.stops.is_stopped(ticket),
-                poll_interval=self.stream_interval,
+                poll_interval=self.interval,
             )
-            for p in throttle(progress, self.stream_interval):
+            for p in throttle(progress, self.interval):
                 status = "Stopped." if p.stopped else "Done." if p.done else "Generating…"
                 yield p.prompt + p.text, stats_line(p, request) if p.tokens or p.done else "", status
         except RequestError as e:
@@ -254,7 +267,7 @@ class DemoHandlers:
                 )
                 for name in self.compared
             ]
-            for texts in stream_side_by_side(streams, self.stream_interval):
+            for texts in stream_side_by_side(streams, self.interval):
                 yield *texts, compare_status(base.prompt, base.seed, "Running…")
             end = "Stopped" if self.stops.is_stopped(ticket) else "Done"
             yield *skip_all, compare_status(base.prompt, base.seed, end)

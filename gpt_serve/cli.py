@@ -86,6 +86,14 @@ def check_port_free(host: str, port: int, hint: str) -> None:
         raise OSError(f"cannot serve on {host}:{port} ({e.strerror or e}): {hint}") from None
 
 
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """argparse type: a number > 0."""
     value = float(text)

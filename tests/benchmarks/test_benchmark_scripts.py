@@ -28,10 +28,11 @@ def test_decode_floor():
     out = run_script(
         "decode_floor.py",
         *("--threads", "1", "--n-embd", "32", "--n-layer", "1", "--n-head", "4", "--past", "8"),
-        *("--repeats", "3"),
+        *("--repeats", "3", "--rows", "1", "3"),
     )
     for path in ("PyTorch F.linear", "PyTorch DecodeLinear", "ONNX Runtime MatMul only", "KV Concat, past 8"):
-        assert path in out
+        assert out.count(path) == 2
+    assert "batch 1:" in out and "batch 3:" in out
 
 
 @pytest.mark.slow
@@ -78,6 +79,12 @@ def test_serving_benchmark():
         *("--over", "demo"),
     )
     assert "| onnx-int8 | 2 | 2/2 |" in out
+    out = run_script(
+        "serving.py",
+        *("--model", "ladder-a", "--backends", "onnx", "--streams", "2", "--tokens", "10", "--threads", "1"),
+        *("--over", "demo", "--client", "gradio_client", "--max-updates-per-second", "0"),
+    )
+    assert "| onnx | 2 | 2/2 |" in out
 
 
 def test_gpu_check_without_a_gpu_says_so_in_one_line_and_exits_2(tmp_path):

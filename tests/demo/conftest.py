@@ -104,7 +104,9 @@ def handlers(registry):
     from demo.app import build_demo
     from demo.generation import Limits
 
-    return build_demo(registry, default_model="tiny", stream_interval=0.0, limits=Limits(max_new_tokens=500)).handlers
+    limits = Limits(max_new_tokens=500)
+    demo = build_demo(registry, default_model="tiny", stream_interval=0.0, max_updates_per_second=None, limits=limits)
+    return demo.handlers
 
 
 CHROMIUM = Path("/usr/bin/chromium")

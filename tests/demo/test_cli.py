@@ -12,6 +12,10 @@ from demo.cli import build_parser
         (["--concurrency", "-2"], "--concurrency: must be an integer >= 1, got -2"),
         (["--port", "70000"], "--port: must be a TCP port in [1, 65535], got 70000"),
         (["--backend", "tensorflow"], "--backend: invalid choice: 'tensorflow'"),
+        (["--stream-interval", "-1"], "--stream-interval: must be a finite number >= 0, got -1"),
+        (["--stream-interval", "nan"], "--stream-interval: must be a finite number >= 0, got nan"),
+        (["--max-updates-per-second", "inf"], "--max-updates-per-second: must be a finite number >= 0, got inf"),
+        (["--max-updates-per-second", "lots"], "--max-updates-per-second: invalid non_negative_float value"),
     ],
 )
 def test_bad_flags_are_usage_errors(capsys, args, message):

@@ -72,6 +72,30 @@ def test_throttle_keeps_first_latest_and_final():
     assert [p.tokens for p in kept] == [0, 1, 6, 11, 16, 20]
 
 
+def test_throttle_asks_a_changing_interval_at_every_state():
+    ticks = iter(range(0, 1000, 10))
+    states = [Progress("", "x" * i, i, 0.0, 0.0, 0.0, done=i == 20) for i in range(1, 21)]
+    intervals = iter([50] * 6 + [100] * 100)  # longer from the 7th state on, as when more streams start
+    kept = list(throttle(iter(states), interval=lambda: next(intervals), clock=lambda: next(ticks)))
+    assert [p.tokens for p in kept] == [1, 6, 16, 20]
+
+
+def test_the_update_interval_grows_with_the_streams_running(registry):
+    from demo.handlers import DemoHandlers
+
+    activity = Activity()
+    handlers = DemoHandlers(registry, Limits(), activity, 0.05, "tiny", "torch", max_updates_per_second=200)
+    unlimited = DemoHandlers(registry, Limits(), activity, 0.05, "tiny", "torch")
+    assert handlers.interval() == unlimited.interval() == 0.05  # nothing running
+    for _ in range(64):
+        activity.begin()
+    assert handlers.interval() == pytest.approx(64 / 200)  # together at most ~200 updates a second
+    assert unlimited.interval() == 0.05
+    for _ in range(60):
+        activity.end()
+    assert handlers.interval() == 0.05  # 4 streams: each at the least interval
+
+
 def test_closing_the_stream_stops_the_compute(registry):
     """Gradio closes the generator on Stop or disconnect: no forward pass happens after that."""
     loaded = registry.backend("tiny", "torch")
