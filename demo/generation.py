@@ -335,7 +335,7 @@ def stream_progress(
                     stopped = True
                     break
             if not stopped and (pause := pace()) > 0:
-                time.sleep(pause)  # let tokens pile up: one wake-up per interval, not one per token
+                stream.wait(pause)  # let tokens pile up (one wake-up per interval, not per token), or end at once
         ttft = None if first_at is None else first_at - start
         decode = now - (first_at or now)
         yield Progress(

@@ -91,6 +91,7 @@ class Stream:
         self._scheduler = scheduler
         self._tokens: queue.SimpleQueue = queue.SimpleQueue()
         self.cancelled = threading.Event()
+        self._ended = threading.Event()  # the scheduler is done with the request (`wait`)
         self.error: BaseException | None = None
         self.submitted_at = time.perf_counter()
         self.first_token_at: float | None = None
@@ -113,8 +114,9 @@ class Stream:
     def take(self) -> list[int] | None:
         """Every token made since the last call (waiting for at least one), or None once the request is finished.
 
-        A consumer that only needs to look now and then (a page refreshed every 50 ms) sleeps between calls and
-        gets several tokens at once, instead of being woken for every token."""
+        A consumer that only needs to look now and then (a page refreshed every 50 ms) waits between calls
+        (`wait(interval)`, which returns early at the end) and gets several tokens at once, instead of being woken
+        for every token."""
         if not self._finished:
             chunk = [self._tokens.get()]
             while not self._tokens.empty():
@@ -128,6 +130,12 @@ class Stream:
             error, self.error = self.error, None
             raise error
         return None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the request has ended (finished, cancelled or failed: its last token is ready for `take`)
+        or `timeout` seconds have passed; True if it ended. A consumer that looks now and then waits with this
+        instead of sleeping, so the end reaches it at once."""
+        return self._ended.wait(timeout)
 
     async def atake(self) -> list[int] | None:
         """`take` for a consumer on an asyncio event loop (the API's handlers): waits without a thread. The loop
@@ -157,6 +165,7 @@ class Stream:
     def _finish(self, error: BaseException | None = None) -> None:
         self.error = error
         self._tokens.put(_DONE)
+        self._ended.set()
         self._scheduler._to_wake.append(self)
 
 

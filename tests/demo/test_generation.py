@@ -96,6 +96,16 @@ def test_the_update_interval_grows_with_the_streams_running(registry):
     assert handlers.interval() == 0.05  # 4 streams: each at the least interval
 
 
+def test_a_stream_that_looks_now_and_then_still_ends_as_soon_as_its_request_does(registry):
+    """Between two looks the stream waits for its request's end, not for the whole interval: with an hour's
+    interval a short request still ends at once (its tokens come in one look)."""
+    request = parse_request(registry, Limits(), {**GOOD, "max_new_tokens": 5})
+    start = time.perf_counter()
+    progress = list(stream_progress(registry, request, poll_interval=3600.0))
+    assert progress[-1].done and progress[-1].tokens == 5
+    assert time.perf_counter() - start < 60
+
+
 def test_closing_the_stream_stops_the_compute(registry):
     """Gradio closes the generator on Stop or disconnect: no forward pass happens after that."""
     loaded = registry.backend("tiny", "torch")

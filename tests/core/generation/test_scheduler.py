@@ -136,6 +136,25 @@ def test_bad_requests_are_named(request_, error, message):
         scheduler.close()
 
 
+def test_wait_returns_when_the_request_ends_however_it_ends():
+    scheduler = Scheduler(TorchBackend(make_tiny_model()), max_batch=2)
+    try:
+        running = scheduler.submit(Request([1, 2, 3], 100_000, window_mode="refill"))
+        assert running.take()  # it runs
+        assert running.wait(0.01) is False  # still running: the timeout passes
+        running.cancel()
+        assert running.wait(30) is True  # cancelled: ends at the next step
+        finished = scheduler.submit(Request([1, 2], 5))
+        assert finished.wait(30) is True and len(list(finished)) == 5  # every token is there once it ended
+        scheduler._batch.step = lambda tokens: (_ for _ in ()).throw(RuntimeError("broken step"))
+        failed = scheduler.submit(Request([1, 2], 20))
+        assert failed.wait(30) is True
+        with pytest.raises(RuntimeError, match="broken step"):
+            list(failed)
+    finally:
+        scheduler.close()
+
+
 def test_a_failing_backend_ends_the_requests_with_its_error_and_the_loop_goes_on():
     backend = TorchBackend(make_tiny_model())
     scheduler = Scheduler(backend, max_batch=2)
