@@ -15,6 +15,10 @@ Each check runs in its own process group under a time limit and prints one PASS/
 - onnx-cuda: ONNX Runtime's CUDAExecutionProvider against its CPU provider on the shipped model's fp32
   `onnx/model.onnx` (`OnnxBackend`, KV cache kept on the GPU): a left-padded prefill and 16 greedy decode steps.
   PASS: max |Δlogits| <= 1e-4 (the export's own fp32 limit) with TF32 off. SKIP without `onnxruntime-gpu`.
+- serve-cuda: the scheduler (continuous batching) on the shipped model in PyTorch on the GPU: one stream of 200
+  tokens, then 16 at once (refill mode, as `benchmarks/serving.py` runs them). PASS: all complete, and the serving
+  issue's target holds: 16 streams' aggregate >= 8x one stream's, each stream >= half of one alone (on the 2-core
+  CPU development machine it is not met: README, "Many streams at once"). In a rehearsal: all complete.
 
 Writes OUT/gpu_check.json (lines, figures, versions) and OUT/<check>.log (each check's stderr); the training runs
 go to --work. Exit status: 0 when nothing failed, 1 when a check failed, 2 when there is nothing to check on (no
@@ -41,7 +45,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 ONNX_ATOL = 1e-4  # = export.validate.FP32_LOGITS_ATOL (not imported: this environment may lack onnx)
-LIMITS_S = {"train": 240, "ddp": 150, "onnx-cuda": 60}  # with ~10 s of preflight: under 8 minutes in all
+LIMITS_S = {"train": 240, "ddp": 150, "onnx-cuda": 60, "serve-cuda": 60}  # with ~10 s of preflight: under 9
+# minutes in all
+SERVE_TOKENS, SERVE_STREAMS = 200, 16
 
 
 @dataclass(frozen=True)
@@ -242,6 +248,67 @@ def onnx_parity(rehearsal: bool, decode_steps: int = 16) -> Result:
     return Result("onnx-cuda", "PASS" if passed else "FAIL", summary, figures)
 
 
+def check_serve(rehearsal: bool, out: Path) -> Result:
+    log = out / "serve-cuda.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-scaling", *(["--rehearse-on-cpu"] * rehearsal)]
+    rc, stdout = run(cmd, LIMITS_S["serve-cuda"], log)
+    if rc != 0:
+        return failed_run("serve-cuda", rc, LIMITS_S["serve-cuda"], log)
+    lines = stdout.strip().splitlines()
+    if not lines:
+        return Result("serve-cuda", "FAIL", f"the serving check printed nothing; see {log}", {})
+    return Result(**json.loads(lines[-1]))
+
+
+def serve_scaling(rehearsal: bool) -> Result:
+    """One stream, then `SERVE_STREAMS` at once, through a `Scheduler` on the shipped model in PyTorch on the GPU
+    (on CPU, shorter, in a rehearsal)."""
+    import torch
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # `benchmarks` is a folder of scripts, importable from the repository root
+    from benchmarks.serving import run as run_streams
+    from benchmarks.serving import scheduler_stream
+    from gpt_serve import CharGPTForCausalLM
+    from gpt_serve.generation.scheduler import Scheduler
+    from gpt_serve.generation.torch_backend import TorchBackend
+    from gpt_serve.models import model_path
+    from gpt_serve.vocab import CharVocab
+
+    device = "cpu" if rehearsal else "cuda"
+    tokens = 40 if rehearsal else SERVE_TOKENS
+    folder = model_path("shakespeare")
+    model = CharGPTForCausalLM.from_pretrained(folder).to(device).eval()
+    scheduler = Scheduler(TorchBackend(model), max_batch=SERVE_STREAMS)
+    try:
+        prompt = CharVocab.from_file(folder / "vocab.json").encode("ROMEO:")
+        consume = scheduler_stream(scheduler, prompt, tokens, "refill")
+        run_streams(consume, SERVE_STREAMS, tokens)  # warm-up: CUDA's first calls, every window length
+        one, many = run_streams(consume, 1, tokens), run_streams(consume, SERVE_STREAMS, tokens)
+    finally:
+        scheduler.close()
+    ratio = many["aggregate"] / one["aggregate"]
+    each = many["per_stream"] / one["per_stream"]
+    complete = one["complete"] == 1 and many["complete"] == SERVE_STREAMS
+    figures = {
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "tokens_per_stream": tokens,
+        "one_stream_tok_s": round(one["aggregate"]),
+        f"{SERVE_STREAMS}_streams_aggregate_tok_s": round(many["aggregate"]),
+        "aggregate_ratio": round(ratio, 2),
+        "per_stream_ratio": round(each, 2),
+        f"{SERVE_STREAMS}_streams_ttft_p50_ms": round(many["ttft_p50"] * 1e3, 1),
+    }
+    passed = complete and (rehearsal or (ratio >= 8 and each >= 0.5))
+    summary = (
+        f"{'PyTorch on CPU (rehearsal)' if rehearsal else 'PyTorch on ' + figures['device']}, shakespeare, {tokens} "
+        f"tokens a stream: one stream {one['aggregate']:,.0f} tok/s, {SERVE_STREAMS} at once {many['aggregate']:,.0f}"
+        f" ({ratio:.1f}x; target 8x), each {each:.0%} of one alone (target 50%), first token p50 "
+        f"{many['ttft_p50'] * 1e3:.0f} ms; {'all' if complete else 'not all'} complete"
+    )
+    return Result("serve-cuda", "PASS" if passed else "FAIL", summary, figures)
+
+
 def environment(rehearsal: bool) -> tuple[dict, str | None]:
     """Versions and the GPU; the second item says why there is nothing to check on, if so."""
     from importlib.metadata import PackageNotFoundError, version
@@ -274,9 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help=f"stage F steps (default {GPU.steps})")
     p.add_argument("--rehearse-on-cpu", action="store_true", help="the same checks on CPU, to test this script")
     p.add_argument("--onnx-parity", action="store_true", help=argparse.SUPPRESS)  # the onnx-cuda check's process
+    p.add_argument("--serve-scaling", action="store_true", help=argparse.SUPPRESS)  # the serve-cuda check's process
     args = p.parse_args(argv)
     if args.onnx_parity:
         print(json.dumps(asdict(onnx_parity(args.rehearse_on_cpu))))
+        return 0
+    if args.serve_scaling:
+        print(json.dumps(asdict(serve_scaling(args.rehearse_on_cpu))))
         return 0
 
     started = time.time()
@@ -294,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         lambda: check_train(plan, args.steps or plan.steps, work, out, data),
         lambda: check_ddp(plan, work, out, data),
         lambda: check_onnx(args.rehearse_on_cpu, out),
+        lambda: check_serve(args.rehearse_on_cpu, out),
     ):
         results.append(check())
         print(results[-1].line, flush=True)

@@ -3,11 +3,13 @@
 #
 #   bash benchmarks/gpu_check.sh [OUT]       # OUT: gpu_check.json and the logs (default: $OUT, else runs/gpu-check)
 #
-# Time budget: under 8 minutes after setup (each check has its own limit: train 240 s, ddp 150 s, onnx-cuda 60 s).
+# Time budget: under 9 minutes after setup (each check has its own limit: train 240 s, ddp 150 s, onnx-cuda 60 s,
+# serve-cuda 60 s).
 #   train      stage F (--preset ladder-f, 10.8M parameters), 2000 steps (STEPS=N to change), bf16 autocast + TF32,
 #              fused AdamW, torch.compile: the val loss must fall below 2.0; tokens/s
 #   ddp        torchrun --standalone --nproc_per_node=1: DDP over NCCL, 30 steps
 #   onnx-cuda  ONNX Runtime's CUDAExecutionProvider vs its CPU provider on the shipped model: max |Δlogits|
+#   serve-cuda the scheduler on the GPU (PyTorch): 16 streams at once must reach 8x one stream's tokens/s
 # One PASS/FAIL/SKIP line per check; exit 0 when nothing failed, 1 on a FAIL, 2 when there is no GPU to check on.
 # benchmarks/gpu_check.py says what each check runs and what makes it pass.
 #

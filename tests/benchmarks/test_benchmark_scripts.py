@@ -116,11 +116,12 @@ def test_gpu_check_rehearses_its_checks_on_cpu(tmp_path):
     """The script's own logic (commands, limits, log parsing, judging, the summary), on CPU: its GPU run is rare."""
     out = run_script("gpu_check.py", "--rehearse-on-cpu", "--out", str(tmp_path / "out"), "--work", str(tmp_path))
     lines = out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["PASS train", "PASS ddp", "PASS onnx-cuda"], out
+    assert [line.split(":")[0] for line in lines] == ["PASS train", "PASS ddp", "PASS onnx-cuda", "PASS serve-cuda"]
     assert "cpu, fp32, DDP over gloo, 1 process" in lines[1]
     summary = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert [c["line"] for c in summary["checks"]] == lines and summary["rehearsal_on_cpu"]
-    assert {"train.log", "ddp.log", "onnx-cuda.log"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    assert "PyTorch on CPU (rehearsal), shakespeare, 40 tokens a stream: one stream" in lines[3]
+    assert {"train.log", "ddp.log", "onnx-cuda.log", "serve-cuda.log"} <= {p.name for p in (tmp_path / "out").iterdir()}
     assert (tmp_path / "train" / "model.safetensors").is_file()  # the runs go to --work, not --out
 
 
