@@ -181,15 +181,17 @@ def check_ddp(plan: Plan, work: Path, out: Path, data: Path | None) -> Result:
     return Result("ddp", "PASS" if passed else "FAIL", summary, figures)
 
 
-def check_onnx(rehearsal: bool, out: Path) -> Result:
-    log = out / "onnx-cuda.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--onnx-parity", *(["--rehearse-on-cpu"] * rehearsal)]
-    rc, stdout = run(cmd, LIMITS_S["onnx-cuda"], log)
+def check_in_process(check: str, flag: str, rehearsal: bool, out: Path) -> Result:
+    """Runs this script with `flag` (one check, in a process of its own under its time limit): its last line of
+    output is the check's `Result` as JSON."""
+    log = out / f"{check}.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), flag, *(["--rehearse-on-cpu"] * rehearsal)]
+    rc, stdout = run(cmd, LIMITS_S[check], log)
     if rc != 0:
-        return failed_run("onnx-cuda", rc, LIMITS_S["onnx-cuda"], log)
+        return failed_run(check, rc, LIMITS_S[check], log)
     lines = stdout.strip().splitlines()
     if not lines:
-        return Result("onnx-cuda", "FAIL", f"the parity check printed nothing; see {log}", {})
+        return Result(check, "FAIL", f"the check printed nothing; see {log}", {})
     return Result(**json.loads(lines[-1]))
 
 
@@ -246,18 +248,6 @@ def onnx_parity(rehearsal: bool, decode_steps: int = 16) -> Result:
         f"in {figures['steps_with_equal_argmax']} steps"
     )
     return Result("onnx-cuda", "PASS" if passed else "FAIL", summary, figures)
-
-
-def check_serve(rehearsal: bool, out: Path) -> Result:
-    log = out / "serve-cuda.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-scaling", *(["--rehearse-on-cpu"] * rehearsal)]
-    rc, stdout = run(cmd, LIMITS_S["serve-cuda"], log)
-    if rc != 0:
-        return failed_run("serve-cuda", rc, LIMITS_S["serve-cuda"], log)
-    lines = stdout.strip().splitlines()
-    if not lines:
-        return Result("serve-cuda", "FAIL", f"the serving check printed nothing; see {log}", {})
-    return Result(**json.loads(lines[-1]))
 
 
 def serve_scaling(rehearsal: bool) -> Result:
@@ -364,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     for check in (
         lambda: check_train(plan, args.steps or plan.steps, work, out, data),
         lambda: check_ddp(plan, work, out, data),
-        lambda: check_onnx(args.rehearse_on_cpu, out),
-        lambda: check_serve(args.rehearse_on_cpu, out),
+        lambda: check_in_process("onnx-cuda", "--onnx-parity", args.rehearse_on_cpu, out),
+        lambda: check_in_process("serve-cuda", "--serve-scaling", args.rehearse_on_cpu, out),
     ):
         results.append(check())
         print(results[-1].line, flush=True)
