@@ -26,10 +26,12 @@ A stream is read with `take()` from any thread, or with `await stream.atake()` o
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
@@ -210,6 +212,10 @@ class Runner:
     shipped model on another thread 1.7-3x slower (`benchmarks/decode_threads.py`: 2.99 against 0.92 ms at one
     row, 5.50 against 3.15 ms at 16). So every PyTorch model of a process is loaded and decoded on one thread.
     ONNX Runtime sessions have their own thread pools: each of their schedulers gets a runner of its own.
+
+    `stop()` ends the loops it runs (their requests end with an error) after the current iteration. At interpreter
+    exit every runner still running is stopped that way: a thread still inside a PyTorch op while the interpreter
+    tears down aborts the process ("terminate called without an active exception").
     """
 
     def __init__(self, name: str = "gpt-serve-scheduler"):
@@ -220,6 +226,7 @@ class Runner:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _runners.add(self)
 
     @property
     def thread(self) -> threading.Thread:
@@ -271,7 +278,7 @@ class Runner:
             busy = False
             for scheduler in schedulers:
                 try:
-                    if not scheduler._closing():
+                    if not stopping and not scheduler._closing():
                         busy = scheduler._iterate() or busy
                         continue
                     scheduler._shutdown()
@@ -293,6 +300,16 @@ class Runner:
                     self._event.clear()
         while not self._calls.empty():
             self._calls.get()[2].set_exception(RuntimeError("the runner is stopped"))
+
+
+_runners: weakref.WeakSet[Runner] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_runners() -> None:
+    """Runs before the interpreter stops its daemon threads (after the others have ended)."""
+    for runner in list(_runners):
+        runner.stop()
 
 
 def _resolve(futures: list[asyncio.Future]) -> None:

@@ -53,6 +53,15 @@ class DecodeLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
+def int64_tensor(array, device) -> torch.Tensor:
+    """`array` as an int64 tensor on `device`, sharing a numpy array's memory where it can (`torch.from_numpy`), a
+    copy where numpy may not write to it (a broadcast view, say: PyTorch would warn that it cannot protect it)."""
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    if not array.flags.writeable:
+        array = array.copy()
+    return torch.from_numpy(array).to(device)
+
+
 def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """PyTorch's fused attention called directly, for inference (no dropout): transformers' generic SDPA wrapper
     checks for features this model never uses (GQA, NPUs, tracing, position biases) at every call, which costs
@@ -162,10 +171,7 @@ class TorchBackend:
     def run(self, input_ids, attention_mask, position_ids, cache) -> np.ndarray:
         """The decoding model on numpy inputs, extending `cache` in place; float32 logits (B, vocab) of the last
         position. (`forward` checks the cache; a `TorchDecodeBatch` passes its own.)"""
-        ids, mask, positions = (
-            torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device)
-            for a in (input_ids, attention_mask, position_ids)
-        )
+        ids, mask, positions = (int64_tensor(a, self.device) for a in (input_ids, attention_mask, position_ids))
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
         )
@@ -175,7 +181,7 @@ class TorchBackend:
         """Logits (B, V) of the last token of B windows of ids (B, T) at positions 0..T-1, without a cache: the
         full-window forward that exact mode runs for every token past `block_size`."""
         ones = np.ones_like(input_ids)
-        return self.forward(input_ids, ones, np.broadcast_to(np.arange(input_ids.shape[1]), ones.shape), None)[0]
+        return self.forward(input_ids, ones, np.tile(np.arange(input_ids.shape[1]), (len(ones), 1)), None)[0]
 
     @torch.inference_mode()
     def decode_step(self, tokens: np.ndarray, positions: np.ndarray, padding: np.ndarray, cache) -> np.ndarray:
@@ -188,8 +194,7 @@ class TorchBackend:
         The same numbers as `run` (tested bit for bit). `padding` (rows, cache columns + 1) is True at each row's
         left padding; with none, no mask at all, as the forward does for an all-ones mask."""
         m, dtype = self.model, self.dtype
-        ids, pos = (torch.from_numpy(np.asarray(a, dtype=np.int64)[:, None]) for a in (tokens, positions))
-        ids, pos = ids.to(self.device), pos.to(self.device)
+        ids, pos = (int64_tensor(np.asarray(a)[:, None], self.device) for a in (tokens, positions))
         # The forward's own mask (`padding_bias` of the 2-D key mask), or none where nothing is padded, as it does.
         bias = padding_bias(torch.from_numpy(~padding).to(self.device), 1, dtype) if padding.any() else None
         x = m.drop(m.token_embedding_table(ids) + m.position_embedding_table(pos))

@@ -3,6 +3,8 @@ the queue is bounded, bad requests are named."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -289,3 +291,48 @@ def test_a_request_cancelled_during_its_own_forward_pass_still_ends_its_stream(w
         assert scheduler.stats()["active"] == 0
     finally:
         scheduler.close()
+
+
+def test_stopping_a_runner_ends_the_loops_it_runs():
+    from gpt_serve.generation.scheduler import Runner
+
+    runner = Runner("test-runner")
+    scheduler = Scheduler(TorchBackend(make_tiny_model()), max_batch=2, runner=runner)
+    stream = scheduler.submit(Request([1, 2], 100_000, window_mode="refill"))
+    assert stream.take()
+    runner.stop()
+    assert not runner.thread.is_alive() and scheduler._closing()
+    with pytest.raises(RuntimeError, match="closed"):
+        list(stream)
+
+
+def test_a_process_that_exits_while_its_models_decode_exits_cleanly():
+    """Interpreter exit with a PyTorch decode loop mid-stream (an error in a user's script, Ctrl+C): the runners
+    stop first, so the process exits with its own status instead of aborting inside a PyTorch op."""
+    script = """
+from gpt_serve.generation.scheduler import Request, Scheduler, torch_runner
+from gpt_serve.generation.torch_backend import TorchBackend
+from tests.conftest import make_tiny_model
+runner = torch_runner()
+scheduler = Scheduler(runner.call(lambda: TorchBackend(make_tiny_model())), runner=runner)
+stream = scheduler.submit(Request([1, 2, 3], 10**9, window_mode="refill"))
+assert stream.take()
+raise SystemExit(3)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3 and "terminate called" not in result.stderr, result.stderr[-2000:]
+
+
+def test_the_torch_backend_takes_read_only_arrays_without_a_warning():
+    """A one-row full window (exact mode past block_size) once handed PyTorch a read-only broadcast view of its
+    positions, and PyTorch warned that it cannot protect such memory."""
+    import warnings
+
+    backend = TorchBackend(make_tiny_model())
+    ids = np.array([[1, 2, 3]], dtype=np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        window = backend.window_logits(ids)
+        positions = np.broadcast_to(np.arange(3), (1, 3))  # read-only
+        logits, _ = backend.forward(ids, np.ones_like(ids), positions, None)
+    np.testing.assert_array_equal(window, logits)
