@@ -127,16 +127,13 @@ def seconds_since_process_start() -> float | None:
 
 def preload(registry, model: str, backend: str) -> str:
     """Loads (model, backend) and the attention model, and runs a few tokens through both; returns a summary."""
-    from gpt_serve.generation.scheduler import Request
-
     from .attention import prompt_attention
 
     start = time.perf_counter()
     reason = registry.unavailable_reason(model, backend)
     if reason:
         return f"not preloaded: {reason}"
-    # warm-up: first calls allocate; through the scheduler, whose thread is the one that runs the backend
-    list(registry.scheduler(model, backend).submit(Request([0], 8, seed=0)))
+    registry.warm_up(model, backend)
     try:
         torch_model = registry.backend(model, "torch").backend.pretrained
         registry.scheduler(model, "torch").call(prompt_attention, torch_model, [0, 1])

@@ -179,6 +179,8 @@ def _serve(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if not registry.available:
         raise ValueError(f"no model folder found under {args.models_root} or in --model-dir")
+    if not args.no_preload:  # the first request should not wait for a model to load
+        print(f"gpt-serve serve: {registry.preload(args.backend)}", file=sys.stderr)
     app = create_app(registry, default_backend=args.backend, max_tokens_limit=args.max_tokens_limit)
     print(f"gpt-serve serve: models {registry.available} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
@@ -205,6 +207,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_queue=args.max_queue,
         max_tokens_limit=args.max_tokens_limit,
+        preload=not args.no_preload,
     )
     if args.ray_address is None:  # a new local instance: its proxy binds the port
         check_port_free(args.host, args.port, PORT_HINT)
@@ -301,6 +304,11 @@ def _serve_parser(sub) -> None:
         help="the server's (with --ray: the replicas')",
     )
     s.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
+    s.add_argument(
+        "--no-preload",
+        action="store_true",
+        help="load models on first use (default: the default model for --backend is loaded and warmed up first)",
+    )
     r = s.add_argument_group("Ray Serve (pip install 'gpt-serve[ray]')")
     r.add_argument("--ray", action="store_true", help="serve through Ray Serve replicas behind Ray's HTTP proxy")
     r.add_argument("--replicas", type=positive_int, default=None, help="replicas, each with its own models (none: 1)")

@@ -16,6 +16,7 @@ Ray is imported only here, and only when a function below runs (`from ray import
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from .generation.loading import check_backend_key
 from .generation.registry import ModelRegistry
 from .models import MODELS_DIR, discover
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -48,6 +51,7 @@ class RayServeOptions(BaseModel):
     max_batch: int = Field(16, ge=1, description="requests each replica runs at once, over all its models")
     max_queue: int = Field(256, ge=1, description="requests Ray's proxy holds when every replica is full")
     max_tokens_limit: int = Field(2000, ge=1, description="the largest max_tokens accepted")
+    preload: bool = Field(True, description="each replica loads and warms up the default model for `backend` first")
 
     @field_validator("backend")
     @classmethod
@@ -84,6 +88,8 @@ def replica_app(options: RayServeOptions, replica_id: str) -> FastAPI:
     from .api import create_app
 
     registry, limit = options.registry(), options.max_tokens_limit
+    if options.preload:
+        logger.info("replica %s: %s", replica_id, registry.preload(options.backend))
     return create_app(registry, replica_id=replica_id, default_backend=options.backend, max_tokens_limit=limit)
 
 

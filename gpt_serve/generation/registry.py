@@ -15,13 +15,14 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
 from .loading import BACKENDS, LoadedModel, load_backend
-from .scheduler import Scheduler, torch_runner
+from .scheduler import Request, Scheduler, torch_runner
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +255,23 @@ class ModelRegistry:
                     self._schedulers[key] = Scheduler(loaded.backend, self.max_batch, self.max_queue, runner=runner)
                 scheduler = self._schedulers[key]
         return scheduler
+
+    def warm_up(self, name: str, backend: str) -> float:
+        """Loads (model, backend) and runs a few tokens through its decode loop (first calls allocate; the loop's
+        thread is the one that runs the backend), so that a server's first request does not pay for it. Returns the
+        seconds it took; ModelUnavailable (a ValueError naming the problem) when the model cannot be served."""
+        start = time.perf_counter()
+        list(self.scheduler(name, backend).submit(Request([0], 8, seed=0)))
+        return time.perf_counter() - start
+
+    def preload(self, backend: str) -> str:
+        """Warms up the default model for `backend` (`warm_up`), as a server does before it says it is ready; a
+        line saying what it did (or why that model cannot be served: the server then serves the others)."""
+        model = self.default_model()
+        reason = self.unavailable_reason(model, backend)
+        if reason:
+            return f"{model}/{backend} not preloaded: {reason}"
+        return f"{model}/{backend} loaded and warmed up in {self.warm_up(model, backend):.2f} s"
 
     def schedulers(self) -> dict[tuple[str, str], Scheduler]:
         """The decode loops started so far, by (model, backend key)."""

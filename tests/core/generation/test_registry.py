@@ -63,6 +63,24 @@ def test_missing_onnx_files_are_reported_without_loading(registry):
     assert "onnx/model_quantized.onnx is missing; export it with `python -m export" in reason
 
 
+def test_preload_warms_up_the_default_model_or_says_why_it_cannot(models_root):
+    registry = ModelRegistry.discover(models_root=models_root, threads=1)
+    try:
+        model = registry.default_model()
+        assert registry.preload("torch").startswith(f"{model}/torch loaded and warmed up in ")
+        assert (model, "torch") in registry.schedulers() and registry.schedulers()[(model, "torch")].tokens == 8
+    finally:
+        registry.close()
+    no_int8 = ModelRegistry({"ladder-b": models_root / "ladder-b"}, threads=1)
+    try:
+        line = no_int8.preload("onnx-int8")
+        assert line.startswith("ladder-b/onnx-int8 not preloaded: ONNX Runtime int8 is not available") and not (
+            no_int8.schedulers()
+        )
+    finally:
+        no_int8.close()
+
+
 def test_pytorch_models_load_and_decode_on_one_thread_onnx_on_their_own(models_root, monkeypatch):
     """Every PyTorch model of a process is loaded and decoded on the shared runner's thread (a second OpenMP thread
     team slows each decode step up to 3x: see `scheduler.Runner`); ONNX Runtime schedulers get a thread each."""
