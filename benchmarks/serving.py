@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if sys.path and Path(sys.path[0]).resolve() == ROOT / "benchmarks":
     sys.path[0] = str(ROOT)  # the repository's packages, not this folder's scripts
 
+from gpt_serve.cli import non_negative_float  # noqa: E402
 from gpt_serve.generation import SamplingParams  # noqa: E402
 from gpt_serve.generation.registry import ModelRegistry  # noqa: E402
 from gpt_serve.generation.scheduler import Request, Scheduler  # noqa: E402
@@ -104,13 +105,18 @@ def demo_stream(
 
     import httpx
 
-    http = httpx.Client(base_url=f"{url}/gradio_api/call/generate", timeout=600)
+    from demo.handlers import FIELDS  # /generate's parameters, in order
+
+    unlimited = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # a connection per stream
+    http = httpx.Client(base_url=f"{url}/gradio_api/call/generate", timeout=600, limits=unlimited)
     visitors = secrets.token_hex(4)
-    data = [prompt, tokens, 0.8, None, 1.0, None, backend, model, window_mode, "error"]  # /generate's parameters
+    settings = dict(prompt=prompt, max_new_tokens=tokens, temperature=0.8, top_k=None, top_p=1.0)
+    settings.update(backend=backend, model=model, window_mode=window_mode, unk_policy="error")
 
     def consume(seed: int):
         session = None if new_sessions else f"{visitors}-{seed}"
-        posted = http.post("", json={"data": [*data[:5], seed, *data[6:]], "session_hash": session})
+        data = [seed if name == "seed" else settings[name] for name in FIELDS]
+        posted = http.post("", json={"data": data, "session_hash": session})
         posted.raise_for_status()
         seen, event = 0, None
         with http.stream("GET", f"/{posted.json()['event_id']}") as response:
@@ -223,6 +229,8 @@ def start_server(args, model_dirs: list[str]) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{cli[2]} exited with status {process.returncode} before it answered (see above)")
         try:
             if httpx.get(f"{url}{ready}", timeout=1).status_code == 200:
                 return process, url
@@ -265,11 +273,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--max-updates-per-second",
-        type=float,
+        type=non_negative_float,
         default=None,
         help="with --over demo: the demo's flag of that name (default: the demo's default; 0 for no limit)",
     )
     args = p.parse_args(argv)
+    demo_only = {"--client gradio_client": args.client != "http", "--new-sessions": args.new_sessions}
+    demo_only["--max-updates-per-second"] = args.max_updates_per_second is not None
+    given = [flag for flag, used in demo_only.items() if used]
+    if given and args.over != "demo":
+        p.error(f"only with --over demo: {', '.join(given)}")
+    if args.new_sessions and args.client == "gradio_client":
+        p.error("--new-sessions is for the http client (gradio_client keeps one session per client)")
     with tempfile.TemporaryDirectory() as work:
         return bench(args, Path(work))
 

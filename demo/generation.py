@@ -288,6 +288,11 @@ def encode_prompt(vocab, prompt: str, unk_policy: str) -> list[int]:
     return ids
 
 
+def pacer(interval: float | Callable[[], float]) -> Callable[[], float]:
+    """`interval` as a function giving the seconds now (a number: always the same)."""
+    return interval if callable(interval) else lambda: interval
+
+
 def stream_progress(
     registry: ModelRegistry,
     request: GenerationRequest,
@@ -299,13 +304,14 @@ def stream_progress(
     """A `Progress` with no tokens once the prompt is encoded, one per generated token, then a last one with
     `done=True`. Loads the backend on first use. With `poll_interval` (seconds, or a function giving them now), the
     tokens the scheduler made are collected every that often rather than as each one comes (a stream shown at that
-    pace needs no more).
+    pace needs no more), and only the state after the last of them is yielded (a throttle would otherwise pass the
+    first of a batch and show the text one interval late).
 
     `should_stop` is polled before the first token and after every token; once it returns True the stream ends
     (the last `Progress` has `stopped=True`) and no further forward pass runs.
     """
     start = clock()
-    pace = poll_interval if callable(poll_interval) else lambda: poll_interval
+    pace = pacer(poll_interval)
     loaded = registry.backend(request.model, request.backend)
     ids = encode_prompt(loaded.vocab, request.prompt, request.unk_policy)
     prompt, block_size = loaded.vocab.decode(ids), loaded.block_size
@@ -323,18 +329,20 @@ def stream_progress(
             except ServerBusy as e:
                 raise RequestError(str(e)) from None
         while stream is not None and not stopped and (chunk := stream.take()) is not None:
-            for token in chunk:
+            pause = pace()
+            for i, token in enumerate(chunk):
                 now = clock()
                 first_at = now if first_at is None else first_at
                 text += loaded.vocab.decode([token])
                 activity.token()
-                yield Progress(
-                    prompt, text, len(text), first_at - start, now - start, now - first_at, block_size=block_size
-                )
+                if pause <= 0 or i == len(chunk) - 1:
+                    yield Progress(
+                        prompt, text, len(text), first_at - start, now - start, now - first_at, block_size=block_size
+                    )
                 if should_stop is not None and should_stop():
                     stopped = True
                     break
-            if not stopped and (pause := pace()) > 0:
+            if not stopped and pause > 0:
                 stream.wait(pause)  # let tokens pile up (one wake-up per interval, not per token), or end at once
         ttft = None if first_at is None else first_at - start
         decode = now - (first_at or now)
@@ -357,7 +365,7 @@ def throttle(
 
     Browsers fall behind yields much faster than ~20/s; the skipped states are superseded by the next one.
     """
-    pace = interval if callable(interval) else lambda: interval
+    pace = pacer(interval)
     last = None
     for p in progress:
         if p.tokens == 0 and not p.done:  # the prompt, before any token: shown at once, and not a token
@@ -379,7 +387,7 @@ def stream_side_by_side(
     """
     texts = [s if isinstance(s, str) else "" for s in streams]
     live = {i: s for i, s in enumerate(streams) if not isinstance(s, str)}
-    pace = interval if callable(interval) else lambda: interval
+    pace = pacer(interval)
     last = None
     try:
         while live:

@@ -7,6 +7,7 @@ page (`demo.app.build_demo`) wires its methods to buttons, and tests call them d
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 import threading
@@ -42,6 +43,23 @@ ATTENTION_CACHE = 8  # attention views kept for the layer selector (each at most
 DEFAULT_TEMPERATURE = 0.8
 
 
+def sends_updates(method):
+    """A generator method whose run streams updates to one client: counted while it runs (`interval` divides the
+    update budget by the runs, not by their streams: a ladder comparison is one run of six streams)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            self._updating += 1
+        try:
+            yield from method(self, *args, **kwargs)
+        finally:
+            with self._lock:
+                self._updating -= 1
+
+    return run
+
+
 class DemoHandlers:
     """The demo's event functions.
 
@@ -64,7 +82,7 @@ class DemoHandlers:
         stream_interval: float,
         default_model: str,
         default_backend: str,
-        max_updates_per_second: float | None = None,
+        max_updates_per_second: float | None = 200.0,
     ):
         self.registry, self.limits, self.activity = registry, limits, activity
         self.stream_interval, self.max_updates_per_second = stream_interval, max_updates_per_second
@@ -72,18 +90,19 @@ class DemoHandlers:
         self.stops = StopRequests()
         self._weights: OrderedDict[tuple, object] = OrderedDict()  # (model, ids) -> attention weights, a few
         self._weights_lock = threading.Lock()
+        self._lock, self._updating = threading.Lock(), 0  # runs streaming updates now (`sends_updates`)
         # the comparison's columns: the default model, then the ladder's stages A-E
         self.compared = list(dict.fromkeys([default_model, *(n for n in LADDER_MODELS if n in registry.names)]))
 
     def interval(self) -> float:
         """The least seconds between two updates of one stream now: `stream_interval`, or longer while so many
-        streams run that together they would send more than `max_updates_per_second`. Every update costs the
-        server and its client work of their own (Gradio's message, the client's parsing) whatever it carries; a
-        crowd of streams each updated per token would spend the CPU on that instead of on decoding. A stream's
+        runs stream at once that together they would send more than `max_updates_per_second`. Every update costs
+        the server and its client work of their own (Gradio's message, the client's parsing) whatever it carries;
+        a crowd of streams each updated per token would spend the CPU on that instead of on decoding. A stream's
         first token and its end are sent at once whatever the interval (`throttle`)."""
         if not self.max_updates_per_second:
             return self.stream_interval
-        return max(self.stream_interval, self.activity.active / self.max_updates_per_second)
+        return max(self.stream_interval, self._updating / self.max_updates_per_second)
 
     def _parse(self, form) -> GenerationRequest:
         """Checks the request fields (`FIELDS`, in order); None for backend and model means the defaults."""
@@ -92,6 +111,7 @@ class DemoHandlers:
         form["model"] = self.default_model if form["model"] is None else form["model"]
         return parse_request(self.registry, self.limits, form)
 
+    @sends_updates
     def generate(
         self,
         prompt: str,
@@ -164,6 +184,7 @@ class DemoHandlers:
         generate.__name__ = generate.__qualname__ = "generate"
         return generate
 
+    @sends_updates
     def ui_generate(self, page: gr.Request, ticket: str | None, *form):
         """The Generate button (`form`: the `FIELDS`): yields (output: prompt + text so far, stats, status). A bad
         request or a failure is said once, in the status line (starting with `FAILED`); the output keeps the
@@ -249,6 +270,7 @@ class DemoHandlers:
         """One line about the selected model, and whether the selected backend can serve it."""
         return model_line(self.registry, model, backend)
 
+    @sends_updates
     def ui_compare(self, page: gr.Request, ticket: str | None, *form):
         """Compare the ladder (`form`: the `FIELDS`, its model ignored): yields (one text per column of `compared`...,
         status: the prompt and seed they all got)."""

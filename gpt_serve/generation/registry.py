@@ -247,10 +247,10 @@ class ModelRegistry:
         """The shared decode loop of (model, backend), started on first use (loading the backend)."""
         key = (name, resolve_backend(backend))
         scheduler = self._schedulers.get(key)
-        if scheduler is None:
+        if scheduler is None or scheduler._closing():  # a closed one (its runner was stopped): a new loop
             loaded = self.backend(*key)
             with self._locks_lock:
-                if key not in self._schedulers:
+                if key not in self._schedulers or self._schedulers[key]._closing():
                     runner = _runner(key[1])
                     self._schedulers[key] = Scheduler(loaded.backend, self.max_batch, self.max_queue, runner=runner)
                 scheduler = self._schedulers[key]
@@ -264,14 +264,18 @@ class ModelRegistry:
         list(self.scheduler(name, backend).submit(Request([0], 8, seed=0)))
         return time.perf_counter() - start
 
-    def preload(self, backend: str) -> str:
-        """Warms up the default model for `backend` (`warm_up`), as a server does before it says it is ready; a
-        line saying what it did (or why that model cannot be served: the server then serves the others)."""
-        model = self.default_model()
+    def preload(self, backend: str, model: str | None = None) -> str:
+        """Warms up `model` (default: the default model) for `backend` (`warm_up`), as a server does before it says
+        it is ready; a line saying what it did, or why that model cannot be served (missing or broken files, a
+        runtime that is not installed): the server then serves the others, and requests for it get that reason."""
+        model = self.default_model() if model is None else model
         reason = self.unavailable_reason(model, backend)
         if reason:
             return f"{model}/{backend} not preloaded: {reason}"
-        return f"{model}/{backend} loaded and warmed up in {self.warm_up(model, backend):.2f} s"
+        try:
+            return f"{model}/{backend} loaded and warmed up in {self.warm_up(model, backend):.2f} s"
+        except (ModelUnavailable, ImportError) as e:
+            return f"{model}/{backend} not preloaded: {e}"
 
     def schedulers(self) -> dict[tuple[str, str], Scheduler]:
         """The decode loops started so far, by (model, backend key)."""

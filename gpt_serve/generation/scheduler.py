@@ -248,12 +248,16 @@ class Runner:
         self.wake()
         return future.result()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ends the loops it runs after the current iteration, and waits up to `timeout` seconds for the thread."""
+        self._request_stop()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=timeout)
+
+    def _request_stop(self) -> None:
         with self._lock:
             self._stopping = True
         self.wake()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=10)
 
     def _add(self, scheduler: Scheduler) -> None:
         with self._lock:
@@ -308,8 +312,12 @@ _runners: weakref.WeakSet[Runner] = weakref.WeakSet()
 @atexit.register
 def _stop_runners() -> None:
     """Runs before the interpreter stops its daemon threads (after the others have ended)."""
-    for runner in list(_runners):
-        runner.stop()
+    runners = list(_runners)
+    for runner in runners:  # all of them at once, then one deadline for all
+        runner._request_stop()
+    deadline = time.monotonic() + 10
+    for runner in runners:
+        runner.thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _resolve(futures: list[asyncio.Future]) -> None:

@@ -80,20 +80,24 @@ def test_throttle_asks_a_changing_interval_at_every_state():
     assert [p.tokens for p in kept] == [1, 6, 16, 20]
 
 
-def test_the_update_interval_grows_with_the_streams_running(registry):
+def test_the_update_interval_grows_with_the_runs_streaming(registry):
+    """The budget is shared by the runs that stream updates to a client: a /generate call or a Generate click is
+    one, a ladder comparison (one message per update for all of its columns) is one too."""
     from demo.handlers import DemoHandlers
 
-    activity = Activity()
-    handlers = DemoHandlers(registry, Limits(), activity, 0.05, "tiny", "torch", max_updates_per_second=200)
-    unlimited = DemoHandlers(registry, Limits(), activity, 0.05, "tiny", "torch")
+    handlers = DemoHandlers(registry, Limits(), Activity(), 0.05, "tiny", "torch", max_updates_per_second=10)
+    unlimited = DemoHandlers(registry, Limits(), Activity(), 0.05, "tiny", "torch", max_updates_per_second=None)
     assert handlers.interval() == unlimited.interval() == 0.05  # nothing running
-    for _ in range(64):
-        activity.begin()
-    assert handlers.interval() == pytest.approx(64 / 200)  # together at most ~200 updates a second
-    assert unlimited.interval() == 0.05
-    for _ in range(60):
-        activity.end()
-    assert handlers.interval() == 0.05  # 4 streams: each at the least interval
+    runs = [handlers.generate("ROMEO:", 400, seed=i, model="tiny", window_mode="refill") for i in range(4)]
+    for run in runs:
+        next(run)  # each run is streaming now
+    assert handlers.interval() == pytest.approx(4 / 10)  # together at most ~10 updates a second
+    compare = handlers.ui_compare(None, None, *form(max_new_tokens=400, window_mode="refill"))
+    next(compare)
+    assert handlers.interval() == pytest.approx(5 / 10)  # the comparison's columns count once
+    for run in [*runs, compare]:
+        run.close()
+    assert handlers.interval() == 0.05 and handlers._updating == 0
 
 
 def test_a_stream_that_looks_now_and_then_still_ends_as_soon_as_its_request_does(registry):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -319,20 +320,24 @@ stream = scheduler.submit(Request([1, 2, 3], 10**9, window_mode="refill"))
 assert stream.take()
 raise SystemExit(3)
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    root = Path(__file__).resolve().parents[3]
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root)
     assert result.returncode == 3 and "terminate called" not in result.stderr, result.stderr[-2000:]
 
 
-def test_the_torch_backend_takes_read_only_arrays_without_a_warning():
+def test_the_torch_backend_copies_read_only_inputs():
     """A one-row full window (exact mode past block_size) once handed PyTorch a read-only broadcast view of its
-    positions, and PyTorch warned that it cannot protect such memory."""
-    import warnings
+    positions (PyTorch warns that it cannot protect such memory): read-only arrays are copied, others shared."""
+    from gpt_serve.generation.torch_backend import int64_tensor
 
+    positions = np.broadcast_to(np.arange(3), (1, 3))  # read-only
+    tensor = int64_tensor(positions, "cpu")
+    tensor[0, 0] = 7  # its own memory
+    assert positions[0, 0] == 0 and tensor.dtype.is_signed and tensor.shape == (1, 3)
+    writable = np.arange(3, dtype=np.int64)[None]
+    int64_tensor(writable, "cpu")[0, 0] = 7
+    assert writable[0, 0] == 7  # shared, not copied
     backend = TorchBackend(make_tiny_model())
     ids = np.array([[1, 2, 3]], dtype=np.int64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        window = backend.window_logits(ids)
-        positions = np.broadcast_to(np.arange(3), (1, 3))  # read-only
-        logits, _ = backend.forward(ids, np.ones_like(ids), positions, None)
-    np.testing.assert_array_equal(window, logits)
+    logits, _ = backend.forward(ids, np.ones_like(ids), positions, None)
+    np.testing.assert_array_equal(backend.window_logits(ids), logits)
