@@ -278,8 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --over demo: the demo's flag of that name (default: the demo's default; 0 for no limit)",
     )
     args = p.parse_args(argv)
-    demo_only = {"--client gradio_client": args.client != "http", "--new-sessions": args.new_sessions}
-    demo_only["--max-updates-per-second"] = args.max_updates_per_second is not None
+    demo_only = {
+        "--client gradio_client": args.client != "http",
+        "--new-sessions": args.new_sessions,
+        "--max-updates-per-second": args.max_updates_per_second is not None,
+    }
     given = [flag for flag, used in demo_only.items() if used]
     if given and args.over != "demo":
         p.error(f"only with --over demo: {', '.join(given)}")

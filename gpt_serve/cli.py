@@ -180,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not registry.available:
         raise ValueError(f"no model folder found under {args.models_root} or in --model-dir")
     if not args.no_preload:  # the first request should not wait for a model to load
-        print(f"gpt-serve serve: {registry.preload(args.backend)}", file=sys.stderr)
+        print(f"gpt-serve serve: {registry.preload(args.backend)[1]}", file=sys.stderr)
     app = create_app(registry, default_backend=args.backend, max_tokens_limit=args.max_tokens_limit)
     print(f"gpt-serve serve: models {registry.available} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -89,8 +89,8 @@ def replica_app(options: RayServeOptions, replica_id: str) -> FastAPI:
 
     registry, limit = options.registry(), options.max_tokens_limit
     if options.preload:
-        line = registry.preload(options.backend)
-        (logger.warning if " not preloaded: " in line else logger.info)("replica %s: %s", replica_id, line)
+        loaded, line = registry.preload(options.backend)
+        (logger.info if loaded else logger.warning)("replica %s: %s", replica_id, line)
     return create_app(registry, replica_id=replica_id, default_backend=options.backend, max_tokens_limit=limit)
 
 

@@ -264,18 +264,19 @@ class ModelRegistry:
         list(self.scheduler(name, backend).submit(Request([0], 8, seed=0)))
         return time.perf_counter() - start
 
-    def preload(self, backend: str, model: str | None = None) -> str:
+    def preload(self, backend: str, model: str | None = None) -> tuple[bool, str]:
         """Warms up `model` (default: the default model) for `backend` (`warm_up`), as a server does before it says
-        it is ready; a line saying what it did, or why that model cannot be served (missing or broken files, a
-        runtime that is not installed): the server then serves the others, and requests for it get that reason."""
+        it is ready. Returns whether it did, and a line saying what it did or why that model cannot be served
+        (missing or broken files, a runtime that is not installed): the server then serves the others, and
+        requests for it get that reason."""
         model = self.default_model() if model is None else model
         reason = self.unavailable_reason(model, backend)
         if reason:
-            return f"{model}/{backend} not preloaded: {reason}"
+            return False, f"{model}/{backend} not preloaded: {reason}"
         try:
-            return f"{model}/{backend} loaded and warmed up in {self.warm_up(model, backend):.2f} s"
+            return True, f"{model}/{backend} loaded and warmed up in {self.warm_up(model, backend):.2f} s"
         except (ModelUnavailable, ImportError) as e:
-            return f"{model}/{backend} not preloaded: {e}"
+            return False, f"{model}/{backend} not preloaded: {e}"
 
     def schedulers(self) -> dict[tuple[str, str], Scheduler]:
         """The decode loops started so far, by (model, backend key)."""

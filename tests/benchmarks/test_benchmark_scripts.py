@@ -87,6 +87,27 @@ def test_serving_benchmark():
     assert "| onnx | 2 | 2/2 |" in out
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--client", "gradio_client"], "only with --over demo: --client gradio_client"),
+        (["--over", "api", "--new-sessions"], "only with --over demo: --new-sessions"),
+        (["--max-updates-per-second", "50"], "only with --over demo: --max-updates-per-second"),
+        (["--over", "demo", "--client", "gradio_client", "--new-sessions"], "--new-sessions is for the http client"),
+        (["--over", "demo", "--max-updates-per-second", "-1"], "must be a finite number >= 0, got -1"),
+    ],
+)
+def test_serving_benchmark_refuses_flags_that_would_do_nothing(args, message):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "serving.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+
+
 def test_gpu_check_without_a_gpu_says_so_in_one_line_and_exits_2(tmp_path):
     """`gpu_check.sh` stops at once where nvidia-smi is missing, `gpu_check.py` where torch sees no CUDA device."""
     script = ROOT / "benchmarks" / "gpu_check"

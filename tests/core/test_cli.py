@@ -64,6 +64,42 @@ def test_serve_names_a_busy_port_before_loading_anything(capsys):
     assert time.perf_counter() - start < 5
 
 
+@pytest.mark.parametrize("preload", [True, False])
+def test_serve_preloads_the_default_model_unless_told_not_to(models_root, monkeypatch, capsys, preload):
+    """Before it answers, `gpt-serve serve` has the default model's decode loop running (`--no-preload`: none)."""
+    import socket
+
+    import uvicorn
+
+    import gpt_serve.api
+
+    created = {}
+    real_create_app = gpt_serve.api.create_app
+
+    def create_app(registry, **kwargs):
+        created["schedulers"] = dict(registry.schedulers())
+        created["registry"] = registry
+        return real_create_app(registry, **kwargs)
+
+    monkeypatch.setattr(gpt_serve.api, "create_app", create_app)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)  # the server itself is not the point here
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["serve", "--models-root", str(models_root), "--port", str(port), "--threads", "1"]
+    try:
+        assert main(args + ([] if preload else ["--no-preload"])) == 0
+    finally:
+        created["registry"].close()
+    model = created["registry"].default_model()
+    err = capsys.readouterr().err
+    if preload:
+        assert list(created["schedulers"]) == [(model, "torch")]
+        assert f"gpt-serve serve: {model}/torch loaded and warmed up in " in err
+    else:
+        assert created["schedulers"] == {} and "warmed up" not in err
+
+
 def test_load_backend_checks_threads():
     from gpt_serve.cli import load_backend
 

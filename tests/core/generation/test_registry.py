@@ -67,18 +67,34 @@ def test_preload_warms_up_the_default_model_or_says_why_it_cannot(models_root):
     registry = ModelRegistry.discover(models_root=models_root, threads=1)
     try:
         model = registry.default_model()
-        assert registry.preload("torch").startswith(f"{model}/torch loaded and warmed up in ")
+        loaded, line = registry.preload("torch")
+        assert loaded and line.startswith(f"{model}/torch loaded and warmed up in ")
         assert (model, "torch") in registry.schedulers() and registry.schedulers()[(model, "torch")].tokens == 8
     finally:
         registry.close()
     no_int8 = ModelRegistry({"ladder-b": models_root / "ladder-b"}, threads=1)
     try:
-        line = no_int8.preload("onnx-int8")
-        assert line.startswith("ladder-b/onnx-int8 not preloaded: ONNX Runtime int8 is not available") and not (
-            no_int8.schedulers()
-        )
+        loaded, line = no_int8.preload("onnx-int8")
+        assert not loaded and line.startswith("ladder-b/onnx-int8 not preloaded: ONNX Runtime int8 is not available")
+        assert not no_int8.schedulers()
     finally:
         no_int8.close()
+
+
+def test_preload_says_why_a_model_with_broken_weights_cannot_be_loaded(models_root, tmp_path):
+    """Files present but unreadable pass `unavailable_reason`; loading them fails, and preload says so instead of
+    stopping the server."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(models_root / "ladder-a", broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    registry = ModelRegistry({"broken": broken}, threads=1)
+    try:
+        loaded, line = registry.preload("torch")
+        assert not loaded and line.startswith("broken/torch not preloaded: PyTorch cannot serve model 'broken'")
+    finally:
+        registry.close()
 
 
 def test_pytorch_models_load_and_decode_on_one_thread_onnx_on_their_own(models_root, monkeypatch):
