@@ -8,10 +8,9 @@ For each model it measures, on `--threads` threads (torch and ONNX Runtime alike
   - decode tokens/s inside the window: from that prompt until the window is full (the first token excluded);
   - decode tokens/s past the window, from a full-window prompt, in both window modes ("exact": a full-window
     forward per token; "refill": the cache restarts from `refill_tokens` and grows again).
-Naive recompute is the lesson's loop (`torch_backend.full_recompute_generate`), re-running the window per token.
-"PyTorch engine" is what a single prompt runs (the engine's one-row batch, the scheduler's decode step); the
-"forward loop" rows run the engine's general loop (a left-padded batch's) on the backend's `KVBuffer` and on
-transformers' `StaticCache`. The ONNX Runtime rows decode on the folder's in-place graph where it has one.
+Naive recompute is the lesson's loop (`tests/lesson_reference.py`), re-running the window per token. The other rows
+are what a single prompt runs on each backend (`generate_tokens`: the scheduler, stepped on this thread). The ONNX
+Runtime rows decode on the folder's in-place graph where it has one.
 The lesson-size model (CharGPTConfig defaults: block 256, n_embd 384, 6 heads, 6 layers, 10.8M parameters) has
 random weights, exported on the fly into a temporary folder. Prints a markdown table. Not a test: numbers depend on
 the machine and its load.
@@ -29,12 +28,10 @@ from pathlib import Path
 
 import onnxruntime as ort
 import torch
-from transformers.cache_utils import StaticCache
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
 from gpt_serve.generation import SamplingParams, generate_tokens, load_backend
 from gpt_serve.generation.onnx_backend import onnx_path
-from gpt_serve.generation.torch_backend import TorchBackend, full_recompute_generate
 from gpt_serve.models import list_models, model_path
 
 # Run as a script, this folder is sys.path[0], and its other scripts (benchmarks/training.py) would shadow the
@@ -42,40 +39,11 @@ from gpt_serve.models import list_models, model_path
 ROOT = Path(__file__).resolve().parents[1]
 if sys.path and Path(sys.path[0]).resolve() == ROOT / "benchmarks":
     sys.path[0] = str(ROOT)
+sys.path.insert(1, str(ROOT / "tests"))  # the lesson's loop, the reference the tests hold every path to
+from lesson_reference import full_recompute_generate  # noqa: E402
+
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 GREEDY = SamplingParams(temperature=0)  # the sampler costs the same on every path; greedy keeps runs comparable
-
-
-class StaticCacheWindow(StaticCache):
-    """transformers' `StaticCache` (buffers allocated once, written in place by `index_copy_`), returning the filled
-    positions only, as the model's masks expect: the library's alternative to `KVBuffer`, timed side by side."""
-
-    def __init__(self, config, batch: int):
-        super().__init__(config=config, max_cache_len=config.block_size)
-        self.batch, self.lengths = batch, [0] * config.n_layer
-
-    def update(self, key, value, layer_idx, *args, **kwargs):
-        keys, values = super().update(key, value, layer_idx, *args, **kwargs)
-        self.lengths[layer_idx] += key.shape[2]
-        return keys[:, :, : self.lengths[layer_idx]], values[:, :, : self.lengths[layer_idx]]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.lengths[layer_idx]
-
-
-class StaticCacheBackend(TorchBackend):
-    cache_type = StaticCacheWindow
-
-    def new_cache(self, batch: int) -> StaticCacheWindow:
-        return StaticCacheWindow(self.config, batch)
-
-
-class ForwardLoop:
-    """A backend seen through `forward` alone: the engine then runs its general loop (the one a left-padded batch
-    takes) instead of the one-row batch it gives a single prompt, so the PyTorch caches can be compared."""
-
-    def __init__(self, backend):
-        self.block_size, self.vocab_size, self.forward = backend.block_size, backend.vocab_size, backend.forward
 
 
 def engine_run(backend, prompt: list[int], n: int, window_mode: str = "exact") -> tuple[float, float]:
@@ -140,8 +108,6 @@ def bench_model(name: str, folder: Path, text: str, args) -> list[dict]:
     paths = {
         "naive recompute (PyTorch)": None,
         "PyTorch engine (KV cache)": pytorch.backend,
-        "PyTorch engine, forward loop, KVBuffer": ForwardLoop(pytorch.backend),
-        "PyTorch engine, forward loop, transformers StaticCache": ForwardLoop(StaticCacheBackend(model)),
         "ONNX Runtime fp32": load_backend(folder, "onnx", threads=args.threads).backend,
         "ONNX Runtime int8": load_backend(folder, "onnx-int8", threads=args.threads).backend,
     }

@@ -30,6 +30,7 @@ from starlette.middleware import Middleware
 
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.registry import ModelRegistry
+from gpt_serve.window import DEFAULT_WINDOW_MODE
 
 from .captions import PENDING_CAPTION, ladder_label, range_note_js
 from .generation import Activity, Limits
@@ -45,8 +46,8 @@ EXAMPLES = [
     ["To be, or not to be"],
 ]
 WINDOW_CHOICES = [
+    ("refill: restart the cache from the last block_size/2 tokens (fast)", "refill"),
     ("exact: the lesson's last block_size tokens (a full forward per token)", "exact"),
-    ("refill: restart the cache from the last block_size/2 tokens (faster)", "refill"),
 ]
 UNK_CHOICES = [
     ("stop with a message", "error"),
@@ -181,7 +182,7 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
                 ui.top_p = gr.Slider(0.01, 1, 1.0, step=0.01, label="Top-p (1 = off)")
                 ui.settings_note = gr.Markdown(elem_id="settings-note")  # a typed value the slider clamped
                 ui.seed = gr.Number(-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
-                ui.window_mode = gr.Radio(WINDOW_CHOICES, value="exact", label="Past block_size")
+                ui.window_mode = gr.Radio(WINDOW_CHOICES, value=DEFAULT_WINDOW_MODE, label="Past block_size")
                 ui.unk_policy = gr.Radio(UNK_CHOICES, value="error", label="Characters outside the vocabulary")
     with gr.Accordion("Attention: what each head looks at in the prompt", open=True):
         # Every layer any model has: a page whose session the server evicted (`launch_limits`) falls back to these

@@ -19,8 +19,16 @@ import os
 import sys
 import time
 
-from gpt_serve.cli import check_port_free, non_negative_float, positive_int, quiet_model_loading, thread_count
+from gpt_serve.cli import (
+    check_port_free,
+    max_tokens_limit,
+    non_negative_float,
+    positive_int,
+    quiet_model_loading,
+    thread_count,
+)
 from gpt_serve.generation import BACKENDS
+from gpt_serve.generation.spec import MAX_NEW_TOKENS
 from gpt_serve.models import MODELS_DIR
 
 
@@ -77,9 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-new-tokens-limit",
-        type=positive_int,
-        default=2000,
-        help="the largest max_new_tokens a request may ask for (default 2000)",
+        type=max_tokens_limit,
+        default=MAX_NEW_TOKENS,
+        help=f"the largest max_new_tokens a request may ask for (default and most: {MAX_NEW_TOKENS})",
     )
     p.add_argument(
         "--stream-interval",

@@ -3,12 +3,12 @@
 Everything here is plain Python generators over the library's scheduler (one batched decode loop per model and
 backend, `registry.scheduler`), testable without Gradio:
 
-    request = parse_request(registry, Limits(), dict(prompt="ROMEO:", max_new_tokens=200, ...))
+    request = parse_request(registry, Limits(), dict(prompt="ROMEO:", max_new_tokens=200, ...))  # the library's spec
     for progress in throttle(stream_progress(registry, request), interval=0.05):
         print(progress.text, progress.tokens, progress.tokens_per_second)
 
-A request is checked once (`parse_request`); its sampling settings become the one `SamplingParams` that the
-sampler gets, and its prompt is encoded once, by the model's vocabulary, when its stream starts.
+A request is checked once, by the library's request specification (`gpt_serve.generation.spec`), and its text is
+the library's `TextStream`: the demo adds only what a page needs (progress, stop tickets, a throttle).
 
 Closing a stream (`GeneratorExit`, as Gradio does on Stop or a disconnect) or stopping it (`should_stop`) cancels
 its request in `finally:`: its row leaves the batch before the next decode step, and `Activity` marks it finished.
@@ -16,23 +16,18 @@ its request in `finally:`: its row leaves the batch before the next decode step,
 
 from __future__ import annotations
 
-import math
 import re
-import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import numpy as np
-
-from gpt_serve.generation import WINDOW_MODES, SamplingParams
-from gpt_serve.generation.registry import ModelRegistry, RequestError, resolve_backend
-from gpt_serve.generation.scheduler import Request, ServerBusy
-from gpt_serve.vocab import UNK_POLICIES
-
-MAX_SEED = 2**32 - 1
+from gpt_serve.generation.registry import ModelRegistry
+from gpt_serve.generation.requests import ServerBusy
+from gpt_serve.generation.spec import MAX_NEW_TOKENS, GenerationRequest, RequestError
+from gpt_serve.generation.spec import parse_request as parse_spec
+from gpt_serve.generation.text import TextStream, encode_prompt
 
 
 def plural(n: int, noun: str) -> str:
@@ -42,26 +37,10 @@ def plural(n: int, noun: str) -> str:
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may ask for; beyond these the demo answers with an error instead of working for minutes."""
+    """What this server accepts beyond the request specification's limits (`gpt_serve.generation.spec`): an
+    operator may lower `max_new_tokens` (`--max-new-tokens-limit`)."""
 
-    max_new_tokens: int = 2000
-    max_prompt_chars: int = 10_000
-    max_temperature: float = 10.0
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """A checked request: every field is in range and of the right type; `sampling` goes to the sampler as is."""
-
-    prompt: str  # as sent: the model's vocabulary encodes it when the stream starts (`unk_policy`)
-    max_new_tokens: int
-    sampling: SamplingParams
-    seed: int
-    seed_was_random: bool
-    backend: str
-    model: str
-    window_mode: str = "exact"
-    unk_policy: str = "error"
+    max_new_tokens: int = MAX_NEW_TOKENS
 
 
 @dataclass(frozen=True)
@@ -108,9 +87,9 @@ class Activity:
             self.peak = max(self.peak, self.active)
             self.started += 1
 
-    def token(self) -> None:
+    def token(self, n: int = 1) -> None:
         with self._lock:
-            self.tokens += 1
+            self.tokens += n
 
     def end(self) -> None:
         with self._lock:
@@ -124,69 +103,12 @@ class Activity:
             )
 
 
-def _integer(name: str, value, lo: int, hi: int, hint: str = "") -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise RequestError(f"{name} must be an integer in [{lo}, {hi}]{hint}, got {value!r}")
-    if isinstance(value, (float, np.floating)) and not (math.isfinite(value) and float(value).is_integer()):
-        raise RequestError(f"{name} must be a whole number in [{lo}, {hi}]{hint}, got {value!r}")
-    if not lo <= value <= hi:
-        raise RequestError(f"{name} must be in [{lo}, {hi}]{hint}, got {value!r}")
-    return int(value)
-
-
-def _number(name: str, value, lo: float, hi: float, lo_open: bool = False, hint: str = "") -> float:
-    interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise RequestError(f"{name} must be a number in {interval}{hint}, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or value < lo or value > hi or (lo_open and value == lo):
-        raise RequestError(f"{name} must be in {interval}{hint}, got {value!r}")
-    return value
-
-
 def parse_request(registry: ModelRegistry, limits: Limits, form: Mapping[str, object]) -> GenerationRequest:
-    """Checks what a user (UI or API) sent: the parameters of `DemoHandlers.generate`, by name. Raises
-    `RequestError` with a message naming the bad value and what would be accepted. `seed` None or -1 draws a
-    random seed (reported back in the request); `top_k` None or 0 means no limit. Does not load any model."""
-    try:
-        return _parse(registry, limits, form)
-    except KeyError as e:
-        raise RequestError(f"the request has no {e.args[0]!r}") from None
-
-
-def _parse(registry: ModelRegistry, limits: Limits, form: Mapping[str, object]) -> GenerationRequest:
-    prompt = form["prompt"]
-    if not isinstance(prompt, str):
-        raise RequestError(f"prompt must be text, got {type(prompt).__name__}")
-    if not prompt:
-        raise RequestError(
-            "the prompt is empty: type at least one character, e.g. a speaker's name and a colon such as 'ROMEO:' "
-            "(a single newline starts the text from scratch, as the lesson does)"
-        )
-    if len(prompt) > limits.max_prompt_chars:
-        raise RequestError(
-            f"the prompt is {len(prompt)} characters long; the limit is {limits.max_prompt_chars} "
-            f"(the model only reads the last block_size characters anyway)"
-        )
-    max_new_tokens = _integer("max_new_tokens", form["max_new_tokens"], 1, limits.max_new_tokens)
-    temperature = _number("temperature", form["temperature"], 0.0, limits.max_temperature, hint=" (0 = greedy)")
-    top_k = form["top_k"]
-    top_k = None if top_k is None else _integer("top_k", top_k, 0, 1_000_000, hint=" (0 = no limit)") or None
-    top_p = _number("top_p", form["top_p"], 0.0, 1.0, lo_open=True)
-    seed = form["seed"]
-    seed_was_random = seed is None or (not isinstance(seed, (bool, str)) and seed == -1)
-    seed = secrets.randbelow(2**31) if seed_was_random else _integer("seed", seed, 0, MAX_SEED, hint=" (-1 = random)")
-    backend = resolve_backend(form["backend"])
-    model = registry.resolve_model(form["model"])
-    window_mode, unk_policy = form["window_mode"], form["unk_policy"]
-    if window_mode not in WINDOW_MODES:
-        raise RequestError(f"window_mode must be one of {list(WINDOW_MODES)}, got {window_mode!r}")
-    if unk_policy not in UNK_POLICIES:
-        raise RequestError(f"unk_policy must be one of {list(UNK_POLICIES)}, got {unk_policy!r}")
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    return GenerationRequest(
-        prompt, max_new_tokens, sampling, seed, seed_was_random, backend, model, window_mode, unk_policy
-    )
+    """Checks what a user (UI or API) sent, the parameters of `DemoHandlers.generate` by name, with the request
+    specification's parser (the same messages as every other surface); the model name must be one of `registry`'s.
+    Raises `RequestError`. Does not load any model."""
+    request = parse_spec(form, max_new_tokens_limit=limits.max_new_tokens)
+    return replace(request, model=registry.resolve_model(request.model))
 
 
 class StopRequests:
@@ -270,24 +192,6 @@ class StopRequests:
 _TICKET = re.compile(r"[0-9A-Za-z_-]+")
 
 
-def encode_prompt(vocab, prompt: str, unk_policy: str) -> list[int]:
-    """The prompt's ids; RequestError naming unknown characters (and the opt-in) otherwise."""
-    try:
-        ids = vocab.encode(prompt, unk_policy)
-    except ValueError:
-        unknown = vocab.unknown(prompt)
-        shown = ", ".join(f"{c!r} (position {i})" for i, c in unknown[:10])
-        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-        raise RequestError(
-            f"the prompt has {plural(len(unknown), 'character')} outside this model's vocabulary: {shown}{more}. "
-            f"Remove them, or choose to replace them with a space ('Characters outside the vocabulary'; "
-            f"unk_policy='replace' in the API)"
-        ) from None
-    if not ids:
-        raise RequestError("the prompt has no character left once the unknown ones are dropped")
-    return ids
-
-
 def pacer(interval: float | Callable[[], float]) -> Callable[[], float]:
     """`interval` as a function giving the seconds now (a number: always the same)."""
     return interval if callable(interval) else lambda: interval
@@ -301,57 +205,51 @@ def stream_progress(
     clock: Callable[[], float] = time.perf_counter,
     poll_interval: float | Callable[[], float] = 0.0,
 ) -> Iterator[Progress]:
-    """A `Progress` with no tokens once the prompt is encoded, one per generated token, then a last one with
-    `done=True`. Loads the backend on first use. With `poll_interval` (seconds, or a function giving them now), the
-    tokens the scheduler made are collected every that often rather than as each one comes (a stream shown at that
-    pace needs no more), and only the state after the last of them is yielded (a throttle would otherwise pass the
-    first of a batch and show the text one interval late).
+    """A `Progress` with no tokens once the prompt is encoded, one per new piece of text, then a last one with
+    `done=True`: the request's `TextStream` (the library's, as every surface reads it). Loads the backend on first
+    use. With `poll_interval` (seconds, or a function giving them now), the text is collected every that often
+    rather than as each token comes (a stream shown at that pace needs no more), and only the state after the last
+    of it is yielded.
 
-    `should_stop` is polled before the first token and after every token; once it returns True the stream ends
+    `should_stop` is polled before the first token and after every piece; once it returns True the stream ends
     (the last `Progress` has `stopped=True`) and no further forward pass runs.
     """
     start = clock()
     pace = pacer(poll_interval)
     loaded = registry.backend(request.model, request.backend)
-    ids = encode_prompt(loaded.vocab, request.prompt, request.unk_policy)
-    prompt, block_size = loaded.vocab.decode(ids), loaded.block_size
-    scheduler = registry.scheduler(request.model, request.backend)
+    prompt = loaded.vocab.decode(encode_prompt(loaded.vocab, request.prompt, request.unk_policy))
+    block_size = loaded.block_size
     activity = activity or Activity()
     activity.begin()
-    text, first_at, now, stopped, stream = "", None, start, False, None
+    first_at, now, stopped, text = None, start, False, None
     try:
         yield Progress(prompt, "", 0, None, clock() - start, 0.0, block_size=block_size)
         stopped = should_stop is not None and should_stop()
         if not stopped:
-            job = Request(ids, request.max_new_tokens, request.sampling, request.seed, request.window_mode)
             try:
-                stream = scheduler.submit(job)
+                text = TextStream(registry.scheduler(request.model, request.backend), loaded.vocab, request)
             except ServerBusy as e:
                 raise RequestError(str(e)) from None
-        while stream is not None and not stopped and (chunk := stream.take()) is not None:
-            pause = pace()
-            for i, token in enumerate(chunk):
+        while text is not None and not stopped and (piece := text.take()) is not None:
+            if piece:
                 now = clock()
                 first_at = now if first_at is None else first_at
-                text += loaded.vocab.decode([token])
-                activity.token()
-                if pause <= 0 or i == len(chunk) - 1:
-                    yield Progress(
-                        prompt, text, len(text), first_at - start, now - start, now - first_at, block_size=block_size
-                    )
-                if should_stop is not None and should_stop():
-                    stopped = True
-                    break
+                activity.token(len(piece))
+                ttft, elapsed, decode = first_at - start, now - start, now - first_at
+                yield Progress(prompt, text.text, len(text.text), ttft, elapsed, decode, block_size=block_size)
+            stopped = should_stop is not None and should_stop()
+            pause = pace()
             if not stopped and pause > 0:
-                stream.wait(pause)  # let tokens pile up (one wake-up per interval, not per token), or end at once
+                text.wait(pause)  # let tokens pile up (one wake-up per interval, not per token), or end at once
         ttft = None if first_at is None else first_at - start
         decode = now - (first_at or now)
+        final = text.text if text is not None else ""
         yield Progress(
-            prompt, text, len(text), ttft, clock() - start, decode, done=True, stopped=stopped, block_size=block_size
+            prompt, final, len(final), ttft, clock() - start, decode, done=True, stopped=stopped, block_size=block_size
         )
     finally:
-        if stream is not None:
-            stream.cancel()  # the row leaves the batch before the next step (a no-op once finished)
+        if text is not None:
+            text.cancel()  # the row leaves the batch before the next step (a no-op once finished)
         activity.end()
 
 

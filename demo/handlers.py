@@ -20,7 +20,9 @@ import gradio as gr
 
 from gpt_serve.generation import BACKENDS, WINDOW_MODES
 from gpt_serve.generation.registry import LADDER_MODELS, ModelRegistry, RequestError
+from gpt_serve.generation.spec import FIELDS_BY_NAME, MAX_PROMPT_CHARS
 from gpt_serve.vocab import UNK_POLICIES
+from gpt_serve.window import DEFAULT_WINDOW_MODE
 
 from .attention import prompt_attention, render_heads
 from .captions import FAILED, attention_caption, compare_status, model_line, stats_line
@@ -115,14 +117,14 @@ class DemoHandlers:
     def generate(
         self,
         prompt: str,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = DEFAULT_TEMPERATURE,
+        max_new_tokens: int = FIELDS_BY_NAME["max_new_tokens"].default,
+        temperature: float = FIELDS_BY_NAME["temperature"].default,
         top_k: int | None = None,
         top_p: float = 1.0,
         seed: int | None = None,
         backend: str | None = None,
         model: str | None = None,
-        window_mode: str = "exact",
+        window_mode: str = DEFAULT_WINDOW_MODE,
         unk_policy: str = "error",
     ) -> Iterator[str]:
         """Streams the continuation of a prompt, without the prompt: each result is the whole text so far.
@@ -218,7 +220,7 @@ class DemoHandlers:
         state is what the view was computed from (the model and the last `block_size` ids), not the weights: the
         layer selector recomputes them, so a page session keeps a few hundred bytes on the server."""
         empty = None, None, gr.skip(), ""
-        if not isinstance(prompt, str) or not prompt or len(prompt) > self.limits.max_prompt_chars:
+        if not isinstance(prompt, str) or not prompt or len(prompt) > MAX_PROMPT_CHARS:
             return empty
         if not isinstance(status, str) or status.startswith(FAILED):
             return empty

@@ -1,7 +1,9 @@
 """An OpenAI-compatible completions API over the scheduler, as a FastAPI router (needs the `serve` extra).
 
-    POST /v1/completions   model, prompt (a string or a list of strings), max_tokens, temperature, top_p, seed,
-                           stop (a string or a list of up to 4), stream, n=1; extras: top_k, window_mode, backend
+    POST /v1/completions   model, prompt (a string or a list of strings), stream, stream_options, n=1, and the
+                           generation fields of the request specification (`gpt_serve.generation.spec`): max_tokens,
+                           temperature, top_p, seed, stop; extras top_k, repetition_penalty, window_mode,
+                           refill_tokens, unk_policy, backend. An unknown field is a 400 naming it.
     GET  /v1/models        the models this server can serve
     GET  /health           {"status": "ok", ...}
     GET  /metrics          Prometheus text format: active rows, waiting requests, tokens, time to first token
@@ -9,7 +11,8 @@
 The answers follow OpenAI's wire format: `text_completion` objects with `usage`, server-sent chunks ending with
 `data: [DONE]`, and errors as `{"error": {"message", "type", "param", "code"}}` with 400 (a bad request, named),
 404 (an unknown model), 429 (the scheduler's queue is full) and 503 (a model that cannot be served here). Every
-request runs through the model's `Scheduler` (`ModelRegistry.scheduler`); a client that disconnects frees its row.
+prompt is a `TextStream` on the model's `Scheduler` (`ModelRegistry.scheduler`), as on every other surface; a client
+that disconnects frees its row. `max_tokens_limit` lowers the specification's limit of max_tokens.
 
     app = create_app(ModelRegistry.discover())          # `gpt-serve serve` runs this with uvicorn
     demo_app.include_router(create_router(registry))    # or beside the Gradio demo, in the same process
@@ -21,6 +24,7 @@ Behind a load balancer of several replicas (`gpt_serve.ray_serve`), each answer 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import secrets
 import time
@@ -32,14 +36,11 @@ import anyio.to_thread
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .generation.engine import WINDOW_MODES, encode_prompt
-from .generation.loading import BACKENDS
-from .generation.registry import ModelRegistry, ModelUnavailable, RequestError
-from .generation.sampling import SamplingParams
-from .generation.scheduler import Request as Job
-from .generation.scheduler import ServerBusy, Stream
+from .generation.registry import ModelRegistry, ModelUnavailable
+from .generation.requests import ServerBusy
+from .generation.spec import GenerationRequest, RequestError, parse_request
+from .generation.text import TextStream
 
-MAX_STOP_SEQUENCES = 4
 REPLICA_HEADER = "x-gpt-serve-replica"
 # OpenAI parameters this server does not implement: accepted only at the value that means "off".
 UNSUPPORTED = {
@@ -51,6 +52,8 @@ UNSUPPORTED = {
     "presence_penalty": (0, 0.0, None),
     "logit_bias": (None, {}),
 }
+# OpenAI fields the API itself reads; every other field is the request specification's (`generation.spec`)
+WIRE_FIELDS = ("model", "prompt", "stream", "stream_options", "n", "user", *UNSUPPORTED)
 
 
 class APIError(Exception):
@@ -68,35 +71,21 @@ class APIError(Exception):
 
 @dataclass(frozen=True)
 class Completion:
-    """A checked completions request."""
+    """A checked completions request: the OpenAI fields, and the generation request every prompt shares."""
 
     model: str
     backend: str
     prompts: list[str]
-    max_tokens: int
-    sampling: SamplingParams
-    seed: int | None
-    stop: list[str]
+    request: GenerationRequest
     stream: bool
-    window_mode: str
     include_usage: bool
 
 
-def _number(body: dict, name: str, default, lo: float, hi: float, integer: bool = False, lo_open: bool = False):
-    value = body.get(name, default)
-    if value is None:
-        return default
-    kind = "an integer" if integer else "a number"
-    bounds = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
-        raise APIError(400, f"{name} must be {kind} in {bounds}, got {value!r}", name)
-    if not (lo < value if lo_open else lo <= value) or value > hi:
-        raise APIError(400, f"{name} must be in {bounds}, got {value!r}", name)
-    return int(value) if integer else float(value)
-
-
-def parse_completion(body: Any, registry: ModelRegistry, default_backend: str, max_tokens_limit: int) -> Completion:
-    """Checks a request body; APIError (400/404) naming the bad field otherwise."""
+def parse_completion(
+    body: Any, registry: ModelRegistry, default_backend: str, max_tokens_limit: int | None = None
+) -> Completion:
+    """Checks a request body; APIError (400/404) naming the bad field otherwise. The generation fields are parsed by
+    the request specification (`parse_request`), as on every other surface."""
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     model = body.get("model")
@@ -114,79 +103,54 @@ def parse_completion(body: Any, registry: ModelRegistry, default_backend: str, m
             raise APIError(400, f"{name} is not supported by this server (got {body.get(name)!r})", name)
     if body.get("n", 1) not in (1, None):
         raise APIError(400, f"n must be 1 (one completion per prompt), got {body.get('n')!r}", "n")
-    stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOP_SEQUENCES:
-        message = f"stop must be a string or a list of at most {MAX_STOP_SEQUENCES} non-empty strings"
-        raise APIError(400, message, "stop")
-    window_mode = body.get("window_mode") or "exact"
-    if window_mode not in WINDOW_MODES:
-        raise APIError(400, f"window_mode must be one of {list(WINDOW_MODES)}, got {window_mode!r}", "window_mode")
-    backend = body.get("backend") or default_backend
-    if backend not in BACKENDS:
-        raise APIError(400, f"backend must be one of {list(BACKENDS)}, got {backend!r}", "backend")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise APIError(400, f"stream must be true or false, got {stream!r}", "stream")
     options = body.get("stream_options") or {}
-    sampling = SamplingParams(
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_k=_number(body, "top_k", 0, 0, 1_000_000, integer=True) or None,
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-    )
+    fields = {k: v for k, v in body.items() if k not in WIRE_FIELDS}
+    try:
+        request = parse_request({**fields, "prompt": prompts[0]}, max_new_tokens_limit=max_tokens_limit)
+        for p in prompts[1:]:
+            parse_request({"prompt": p})
+    except RequestError as e:
+        raise APIError(400, str(e), e.field) from None
     return Completion(
         model=model,
-        backend=backend,
+        backend=request.backend or default_backend,
         prompts=prompts,
-        max_tokens=_number(body, "max_tokens", 16, 1, max_tokens_limit, integer=True),
-        sampling=sampling,
-        seed=_number(body, "seed", None, 0, 2**63 - 1, integer=True),
-        stop=stop,
+        request=request,
         stream=stream,
-        window_mode=window_mode,
         include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
     )
 
 
 class _Choice:
-    """One prompt's generation: its stream of tokens turned into text, cut at the first stop sequence."""
+    """One prompt's text stream, and its time to first token for the metrics."""
 
-    def __init__(self, index: int, stream: Stream, vocab, stop: list[str], prompt_tokens: int, metrics: _Metrics):
-        self.index, self.stream, self.vocab, self.stop, self.metrics = index, stream, vocab, stop, metrics
-        self.prompt_tokens, self.tokens, self.text, self.sent = prompt_tokens, 0, "", 0
-        self.finish_reason: str | None = None
+    def __init__(self, index: int, text: TextStream, metrics: _Metrics):
+        self.index, self.text, self.metrics = index, text, metrics
 
     async def take(self) -> str:
-        """Waits for the next tokens (on the event loop, no thread); returns the new text (may be empty once
-        finished)."""
-        chunk = await self.stream.atake()
-        if chunk is None:
-            self.finish_reason = self.finish_reason or "length"
-            return self._new_text(final=True)
-        if not self.tokens:
-            self.metrics.ttft.observe(self.stream.first_token_at - self.stream.submitted_at)
-        self.tokens += len(chunk)
-        self.text += self.vocab.decode(chunk)
-        cut = min((i for i in (self.text.find(s) for s in self.stop) if i >= 0), default=-1)
-        if cut >= 0:
-            self.text, self.finish_reason = self.text[:cut], "stop"
-            self.stream.cancel()
-            return self._new_text(final=True)
-        return self._new_text(final=False)
-
-    def _new_text(self, final: bool) -> str:
-        # hold back a tail that could still become a stop sequence
-        hold = 0 if final else max((len(s) - 1 for s in self.stop), default=0)
-        end = max(self.sent, len(self.text) - hold)
-        piece, self.sent = self.text[self.sent : end], end
-        return piece
+        """Waits for the next tokens (on the event loop, no thread); returns the new text (may be empty)."""
+        before = self.text.tokens
+        piece = await self.text.atake()
+        if not before and self.text.tokens:
+            stream = self.text.stream
+            self.metrics.ttft.observe(stream.first_token_at - stream.submitted_at)
+        return piece or ""
 
     @property
     def done(self) -> bool:
-        return self.finish_reason is not None
+        return self.text.done
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.text.finish_reason
 
 
-def create_router(registry: ModelRegistry, default_backend: str = "torch", max_tokens_limit: int = 2000) -> APIRouter:
+def create_router(
+    registry: ModelRegistry, default_backend: str = "torch", max_tokens_limit: int | None = None
+) -> APIRouter:
     """The API's routes over `registry` (see the module docstring)."""
     router = APIRouter()
     metrics = _Metrics(registry)
@@ -225,8 +189,10 @@ def create_router(registry: ModelRegistry, default_backend: str = "torch", max_t
                     await choice.take()
         finally:
             for choice in choices:
-                choice.stream.cancel()
-        out = [{"text": c.text, "index": c.index, "logprobs": None, "finish_reason": c.finish_reason} for c in choices]
+                choice.text.cancel()
+        out = [
+            {"text": c.text.text, "index": c.index, "logprobs": None, "finish_reason": c.finish_reason} for c in choices
+        ]
         usage = _usage(choices)
         return {
             "id": cid,
@@ -240,32 +206,28 @@ def create_router(registry: ModelRegistry, default_backend: str = "torch", max_t
     return router
 
 
-def _start(registry: ModelRegistry, request: Completion, metrics: _Metrics) -> list[_Choice]:
+def _start(registry: ModelRegistry, completion: Completion, metrics: _Metrics) -> list[_Choice]:
     """Loads the model (first use) and submits every prompt; APIError for what cannot be served."""
     try:
-        loaded = registry.backend(request.model, request.backend)
-        scheduler = registry.scheduler(request.model, request.backend)
+        loaded = registry.backend(completion.model, completion.backend)
+        scheduler = registry.scheduler(completion.model, completion.backend)
     except ModelUnavailable as e:
         raise APIError(503, str(e), "model", "model_unavailable") from None
-    choices = []
+    choices: list[_Choice] = []
     try:
-        for i, prompt in enumerate(request.prompts):
+        for i, prompt in enumerate(completion.prompts):
+            request = dataclasses.replace(completion.request, prompt=prompt)
             try:
-                ids = encode_prompt(loaded.vocab, prompt)  # "" starts from a newline, as the lesson does
-            except ValueError as e:
-                raise APIError(400, f"prompt {i}: {e}", "prompt") from None
-            seed = None if request.seed is None else request.seed + i
-            job = Job(ids, request.max_tokens, request.sampling, seed, request.window_mode)
-            try:
-                stream = scheduler.submit(job)
+                choices.append(_Choice(i, TextStream(scheduler, loaded.vocab, request, index=i), metrics))
             except ServerBusy as e:
                 raise APIError(429, str(e), None, "server_busy") from None
-            except (RequestError, ValueError) as e:
+            except RequestError as e:
+                raise APIError(400, f"prompt {i}: {e}" if len(completion.prompts) > 1 else str(e), e.field) from None
+            except ValueError as e:
                 raise APIError(400, str(e)) from None
-            choices.append(_Choice(i, stream, loaded.vocab, request.stop, len(ids), metrics))
     except APIError:
         for choice in choices:
-            choice.stream.cancel()
+            choice.text.cancel()
         raise
     return choices
 
@@ -297,12 +259,12 @@ async def _events(request: Completion, choices: list[_Choice], cid: str, created
         yield "data: [DONE]\n\n"
     finally:
         for choice in choices:
-            choice.stream.cancel()
+            choice.text.cancel()
 
 
 def _usage(choices: list[_Choice]) -> dict[str, int]:
-    prompt = sum(c.prompt_tokens for c in choices)
-    completion = sum(c.tokens for c in choices)
+    prompt = sum(len(c.text.prompt_ids) for c in choices)
+    completion = sum(c.text.tokens for c in choices)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import os
 import signal
 import sys
 import time
 from importlib.metadata import EntryPoint, entry_points
 
-from .generation import BACKENDS, WINDOW_MODES, SamplingParams, load_backend, stream_text
+from .generation import BACKENDS, WINDOW_MODES, load_backend, parse_request
+from .generation.engine import inline_scheduler
+from .generation.spec import FIELDS_BY_NAME, MAX_NEW_TOKENS
+from .generation.text import TextStream
 from .generation.threads import check_threads
 from .models import DEFAULT_MODEL
 from .vocab import UNK_POLICIES
@@ -54,11 +56,23 @@ def quiet_model_loading(verbose: bool = False) -> None:
         transformers_logging.disable_progress_bar()
 
 
+def _default(field: str):
+    return FIELDS_BY_NAME[field].default
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def max_tokens_limit(text: str) -> int:
+    """argparse type: a server's limit of max_tokens, in [1, MAX_NEW_TOKENS] (the request specification's)."""
+    value = positive_int(text)
+    if value > MAX_NEW_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_NEW_TOKENS} (the request specification's limit)")
     return value
 
 
@@ -121,38 +135,40 @@ def _run_app(entry: EntryPoint, argv: list[str]) -> int:
     return main(argv)
 
 
+# `gpt-serve generate`'s flags that are fields of the request specification (`--max-new-tokens` is max_new_tokens)
+GENERATE_FIELDS = (
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "window_mode",
+    "refill_tokens",
+    "unk_policy",
+    "backend",
+)
+
+
 def _generate(args: argparse.Namespace) -> int:
-    if args.refill_tokens is not None and args.window_mode != "refill":
-        raise ValueError("--refill-tokens applies only with --window-mode refill")
-    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.repetition_penalty)
-    loaded = load_backend(args.model, args.backend, args.threads)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    stream = stream_text(
-        loaded.backend,
-        loaded.vocab,
-        prompt,
-        args.max_new_tokens,
-        sampling,
-        seed=args.seed,
-        window_mode=args.window_mode,
-        refill_tokens=args.refill_tokens,
-        unk_policy=args.unk_policy,
-    )
+    # every field checked by the request specification before anything loads, as a server checks it
+    request = parse_request({**{name: getattr(args, name) for name in GENERATE_FIELDS}, "prompt": prompt})
+    loaded = load_backend(args.model, request.backend, args.threads)
+    text = TextStream(inline_scheduler(loaded.backend), loaded.vocab, request)  # refuses unknown characters here
     out = sys.stdout
     start = time.perf_counter()
-    first = next(stream, None)  # checks every argument and the prompt before anything is printed
     if not args.no_echo:
         out.write(prompt)
-    n = 0
-    for piece in itertools.chain([] if first is None else [first], stream):
+    for piece in text:
         out.write(piece)
         out.flush()
-        n += 1
     out.write("\n")
     if args.stats:
         elapsed = time.perf_counter() - start
-        rate = n / max(elapsed, 1e-9)
-        print(f"[{n} tokens in {elapsed:.2f} s, {rate:.1f} tokens/s, {args.backend}]", file=sys.stderr)
+        rate = text.tokens / max(elapsed, 1e-9)
+        print(f"[{text.tokens} tokens in {elapsed:.2f} s, {rate:.1f} tokens/s, {request.backend}]", file=sys.stderr)
     return 0
 
 
@@ -247,25 +263,24 @@ def build_parser(apps: dict[str, EntryPoint] | None = None) -> argparse.Argument
     )
     g.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="shipped model name or model folder")
     g.add_argument("--prompt", default="", help='the text to continue ("-" reads stdin; empty starts from a newline)')
-    g.add_argument("--max-new-tokens", type=int, default=500, help="characters to generate")
-    g.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=None, help="keep the k most likely characters (none: all)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1 = off)")
+    g.add_argument("--max-new-tokens", type=int, default=_default("max_new_tokens"), help="characters to generate")
+    g.add_argument("--temperature", type=float, default=_default("temperature"), help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=_default("top_k"), help="keep the k most likely characters (0: all)")
+    g.add_argument("--top-p", type=float, default=_default("top_p"), help="nucleus sampling (1 = off)")
     g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (none: random)")
+    g.add_argument("--stop", action="append", default=None, help="end the text before this string (up to 4 times)")
     g.add_argument(
         "--window-mode",
         choices=WINDOW_MODES,
-        default="exact",
-        help="past block_size: exact lesson semantics, or faster cache refill",
+        default=_default("window_mode"),
+        help="past block_size: refill (fast: the cache restarts from the last tokens) or exact (the lesson's window)",
     )
     g.add_argument(
         "--refill-tokens", type=int, default=None, help="tokens kept by --window-mode refill (none: block_size // 2)"
     )
-    g.add_argument(
-        "--unk-policy", choices=UNK_POLICIES, default=None, help="characters outside the vocabulary (none: error)"
-    )
-    g.add_argument("--backend", choices=list(BACKENDS), default="torch", help="what computes the logits")
+    g.add_argument("--unk-policy", choices=UNK_POLICIES, default="error", help="characters outside the vocabulary")
+    g.add_argument("--backend", default="torch", help=f"what computes the logits: {', '.join(BACKENDS)}")
     g.add_argument("--threads", type=thread_count, default=None, help="threads per forward pass (none: all CPUs)")
     g.add_argument("--no-echo", action="store_true", help="do not print the prompt before the continuation")
     g.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
@@ -296,7 +311,12 @@ def _serve_parser(sub) -> None:
     s.add_argument("--threads", type=thread_count, default=None, help=threads)
     s.add_argument("--max-batch", type=positive_int, default=16, help="requests decoded at once, per model")
     s.add_argument("--max-queue", type=positive_int, default=256, help="requests waiting; past it: 429")
-    s.add_argument("--max-tokens-limit", type=positive_int, default=2000, help="the largest max_tokens accepted")
+    s.add_argument(
+        "--max-tokens-limit",
+        type=max_tokens_limit,
+        default=MAX_NEW_TOKENS,
+        help=f"the largest max_tokens accepted (at most {MAX_NEW_TOKENS})",
+    )
     s.add_argument(
         "--log-level",
         default="info",

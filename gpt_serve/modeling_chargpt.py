@@ -27,10 +27,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_chargpt import CharGPTConfig
-
-# What generation does past block_size (see `prepare_inputs_for_generation`); the same names as the generation
-# engine's `gpt_serve.generation.WINDOW_MODES`, which this file may not import (a test checks they agree).
-WINDOW_MODES = ("exact", "refill")
+from .window import DEFAULT_WINDOW_MODE, WINDOW_MODES, window_keep, window_start
 
 
 def eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -360,33 +357,30 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
         next_sequence_length=None,
         cache=None,
         attention_mask=None,
-        window_mode="exact",
+        window_mode=DEFAULT_WINDOW_MODE,
         refill_tokens=None,
         **kwargs,
     ):
         """Feeds the model the tokens it has not seen, sliding the window once the text outgrows `block_size`.
 
         Inside the window this is the usual incremental decode. Past it, `window_mode` (a `generate()` argument)
-        decides: `"exact"` re-runs the last `block_size` tokens at positions `0..block_size-1` every step (the
-        lesson's `idx[:, -block_size:]`); `"refill"` restarts the cache from the last `refill_tokens` tokens
-        (`generate()` argument, default `block_size // 2`) when it is full. Positions restart at 0 in the window.
+        decides, by the package's one window rule (`gpt_serve.window`): `"refill"` (the default) restarts the cache
+        from the last `refill_tokens` tokens (`generate()` argument, default `block_size // 2`) when it is full;
+        `"exact"` re-runs the last `block_size` tokens at positions `0..block_size-1` every step (the lesson's
+        `idx[:, -block_size:]`). Positions restart at 0 in the window.
         """
         block_size = self.config.block_size
-        if window_mode not in WINDOW_MODES:
-            raise ValueError(f"window_mode must be one of {WINDOW_MODES}, got {window_mode!r}")
-        keep = block_size
-        if window_mode == "refill" and cache is not None:
-            keep = refill_tokens if refill_tokens is not None else max(1, block_size // 2)
-            if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep < max(2, block_size):
-                raise ValueError(f"refill_tokens must be an integer in [1, {block_size - 1}], got {keep!r}")
+        # the package's one window rule (`gpt_serve.window`); without a cache every step re-reads the whole window
+        keep = window_keep(block_size, window_mode, refill_tokens) if cache is not None else block_size
         kwargs.pop("position_ids", None)  # recomputed from the window below
         total = input_ids.shape[1]
         past = cache.get_seq_length() if cache is not None else 0
         new = total - past if cache is not None else total
         if cache is not None and next_sequence_length is not None:
             new = next_sequence_length
-        if past + new > block_size:
-            # The window overflows: restart the cache from the last tokens.
+        start = total - past - new  # where the window starts: the cache holds [start, total - new)
+        if window_start(total, start, block_size, keep) != start:
+            # The window overflows: restart the cache from the last `keep` tokens.
             past, new = 0, min(keep, total)
             if cache is not None:
                 cache = DynamicCache(config=self.config)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .generation.loading import check_backend_key
 from .generation.registry import ModelRegistry
+from .generation.spec import MAX_NEW_TOKENS
 from .models import MODELS_DIR, discover
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,9 @@ class RayServeOptions(BaseModel):
     backend: str = Field("torch", description="the backend of a request that names none")
     max_batch: int = Field(16, ge=1, description="requests each replica runs at once, over all its models")
     max_queue: int = Field(256, ge=1, description="requests Ray's proxy holds when every replica is full")
-    max_tokens_limit: int = Field(2000, ge=1, description="the largest max_tokens accepted")
+    max_tokens_limit: int = Field(
+        MAX_NEW_TOKENS, ge=1, le=MAX_NEW_TOKENS, description="the largest max_tokens accepted"
+    )
     preload: bool = Field(True, description="each replica loads and warms up the default model for `backend` first")
 
     @field_validator("backend")

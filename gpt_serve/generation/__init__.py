@@ -5,29 +5,42 @@
     >>> for piece in stream_text(loaded.backend, loaded.vocab, "ROMEO:", 200, SamplingParams(temperature=0.8), seed=0):
     ...     print(piece, end="")
 
-- `loading`: `load_backend`, the table of backend keys (`BACKENDS`), the checks every backend needs;
-- `engine`: the token loop (`generate_tokens`), text on top (`stream_text`, `generate_text`), window modes;
+- `spec`: the request specification, every field's type, range, default and aliases in one table
+  (`parse_request` -> `GenerationRequest`, `RequestError`);
+- `loading`: `load_backend`, the table of backend keys (`BACKENDS`) and their aliases, the checks every backend needs;
+- `backend`: the `Backend` protocol (and its `DecodeBatch`) that `torch_backend` (`TorchBackend`) and `onnx_backend`
+  (`OnnxBackend`) implement;
+- `scheduler`: the one token loop, continuous batching (`Scheduler`); `requests`: its `Request` and `Stream`;
+  `runner`: the threads that run loops (or `InlineRunner`, none);
+- `text`: the one text stream (`TextStream`: encode, submit, decode with stop strings, cancel);
+- `engine`: the same for a script (`generate_tokens`, `stream_text`, `generate_text`), stepped on its thread;
 - `sampling`: `SamplingParams` and the sampler, a pure function with an explicit RNG;
-- `torch_backend` (`TorchBackend`) and `onnx_backend` (`OnnxBackend`): what computes the logits;
-- `scheduler`: continuous batching, one decode loop for every request of a backend (`Scheduler`);
 - `registry`: a server's models by name, each (model, backend) loaded once with its scheduler (`ModelRegistry`).
+The window rule past `block_size` is `gpt_serve.window`, shared with the transformers model.
 
 Importing this package imports neither torch nor onnxruntime; each backend module imports its own runtime.
 """
 
-from .engine import WINDOW_MODES, Backend, generate_text, generate_tokens, stream_text, window_keep
+from ..window import DEFAULT_WINDOW_MODE, WINDOW_MODES, window_keep
+from .backend import Backend
+from .engine import generate_text, generate_tokens, stream_text
 from .loading import BACKENDS, LoadedModel, load_backend
 from .sampling import SamplingParams
+from .spec import GenerationRequest, RequestError, parse_request
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_WINDOW_MODE",
     "WINDOW_MODES",
     "Backend",
+    "GenerationRequest",
     "LoadedModel",
+    "RequestError",
     "SamplingParams",
     "generate_text",
     "generate_tokens",
     "load_backend",
+    "parse_request",
     "stream_text",
     "window_keep",
 ]

@@ -21,36 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
-from .loading import BACKENDS, LoadedModel, load_backend
+from .loading import BACKENDS, LoadedModel, load_backend, resolve_backend
 from .scheduler import Request, Scheduler, torch_runner
+from .spec import RequestError, show_value
 
 logger = logging.getLogger(__name__)
 
-_BACKEND_ALIASES = {"pytorch": "torch", "onnx-fp32": "onnx", "onnxruntime": "onnx", "fp32": "onnx", "int8": "onnx-int8"}
 LADDER_MODELS = tuple(LADDER)
 EXPECTED_MODELS = (DEFAULT_MODEL, *LADDER_MODELS)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class RequestError(ValueError):
-    """A request a server refuses, with a message meant for the person who sent it."""
-
-
 class ModelUnavailable(RequestError):
     """The model or backend exists as a choice but cannot be served (not trained, not exported, not installed)."""
-
-
-def resolve_backend(value: Any) -> str:
-    """A backend key from a key, an alias or a UI label (case-insensitive); RequestError otherwise."""
-    if isinstance(value, str):
-        text = value.strip().lower()
-        for key, label in BACKENDS.items():
-            if text in (key, label.lower()):
-                return key
-        if text in _BACKEND_ALIASES:
-            return _BACKEND_ALIASES[text]
-    choices = ", ".join(f"{k!r} ({v})" for k, v in BACKENDS.items())
-    raise RequestError(f"unknown backend {value!r}: choose one of {choices}")
 
 
 def parse_model_dir(spec: str) -> tuple[str, Path]:
@@ -166,7 +149,7 @@ class ModelRegistry:
 
     def resolve_model(self, name: Any) -> str:
         if not isinstance(name, str) or name.strip() not in self.folders:
-            raise RequestError(f"unknown model {name!r}: choose one of {self.names}")
+            raise RequestError(f"unknown model {show_value(name)}: choose one of {self.names}", "model")
         return name.strip()
 
     def folder(self, name: Any) -> Path:

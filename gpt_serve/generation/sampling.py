@@ -16,10 +16,13 @@ class SamplingParams:
     """How to pick tokens.
 
     Args:
-        temperature: 0 picks the most likely token (greedy); otherwise logits are divided by it. Must be >= 0.
+        temperature: 0 picks the most likely token (greedy); otherwise logits are divided by it.
         top_k: keep only the `top_k` most likely tokens (None or 0: all).
-        top_p: nucleus sampling, keep the smallest set of tokens whose probability reaches `top_p`, in (0, 1].
+        top_p: nucleus sampling, keep the smallest set of tokens whose probability reaches `top_p`.
         repetition_penalty: > 1 discourages tokens already in the context (as in transformers), 1 disables.
+
+    The accepted ranges are the request specification's (`gpt_serve.generation.spec.FIELDS`); a value outside
+    them raises its `RequestError` (a ValueError).
     """
 
     temperature: float = 1.0
@@ -28,30 +31,19 @@ class SamplingParams:
     repetition_penalty: float = 1.0
 
     def __post_init__(self):
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        k = self.top_k
-        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0):
-            raise ValueError(f"top_k must be None or an integer >= 0 (0 = no limit), got {k!r}")
-        p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
-        r = self.repetition_penalty
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not np.isfinite(r) or r <= 0:
-            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got {r!r}")
+        from .spec import check_value  # the one table of limits (it builds SamplingParams: imported here)
+
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            check_value(name, getattr(self, name))
+        if self.top_k is not None:
+            check_value("top_k", self.top_k)
 
 
-def apply_repetition_penalty(logits: np.ndarray, context: np.ndarray, mask: np.ndarray, penalty: float) -> np.ndarray:
-    """transformers' rule: a seen token's logit is divided by `penalty` if positive, multiplied if negative."""
-    if penalty == 1.0:
-        return logits
-    logits = logits.copy()
-    for b in range(logits.shape[0]):
-        seen = np.unique(context[b][mask[b] > 0])
-        row = logits[b, seen]
-        logits[b, seen] = np.where(row > 0, row / penalty, row * penalty)
-    return logits
+def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:
+    """transformers' rule, in place on one row of `logits` (V,): the logit of every token seen so far (`seen`, a
+    boolean mask (V,) over the vocabulary) is divided by `penalty` if positive, multiplied by it if not."""
+    row = logits[seen]
+    logits[seen] = np.where(row > 0, row / penalty, row * penalty)
 
 
 def sample_next(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> np.ndarray:

@@ -1,4 +1,6 @@
-"""Continuous batching: one decode loop runs every active request of a loaded model as one batch.
+"""Continuous batching: one decode loop runs every active request of a loaded model as one batch. It is the one
+token loop of this package: a server's requests, the demo's and a script's single prompt (`generate_tokens`) all
+run on it.
 
     scheduler = Scheduler(load_backend("shakespeare", "onnx-int8").backend, max_batch=16)
     stream = scheduler.submit(Request(prompt_ids, 200, SamplingParams(0.8), seed=1))
@@ -12,163 +14,47 @@ finished, stopped or cancelled requests leave it. A decode step runs one token f
 (`backend.new_batch()`, a `DecodeBatch` that keeps the rows' KV caches the backend's way).
 
 A request's tokens do not depend on what else runs: each has its own RNG (its seed), its own sampling settings and
-its own window. A row's window is its own tokens only (padding never counts against it): when it outgrows
-`block_size`, a `"refill"` row is prefilled again from its last `refill_tokens` tokens and rejoins; an `"exact"`
-row leaves the batch for a full-window forward per token (the lesson's semantics), run for all such rows together
-in their own forward pass, a few rows per step (`max_recompute_per_step`), so that they never hold the others up
-for long. The queue is bounded: past `max_queue` waiting requests `submit` raises `ServerBusy`.
+its own window (`gpt_serve.window`). A row's window is its own tokens only (padding never counts against it): when
+it outgrows `block_size`, a `"refill"` row is prefilled again from its last `refill_tokens` tokens and rejoins; an
+`"exact"` row leaves the batch for a full-window forward per token (the lesson's semantics), run for all such rows
+together in their own forward pass, a few rows per step (`max_recompute_per_step`), so that they never hold the
+others up for long. The queue is bounded: past `max_queue` waiting requests `submit` raises `ServerBusy`.
 
-The loop runs on a `Runner`'s thread, which can run several schedulers' loops in turn: every PyTorch model of a
-process shares `torch_runner()` (see `Runner` for why), and each ONNX Runtime scheduler has a runner of its own.
-A stream is read with `take()` from any thread, or with `await stream.atake()` on an asyncio event loop.
+The loop runs on a `Runner`'s thread (`runner`), or, with an `InlineRunner`, on the thread that reads its streams.
+Requests and streams are in `requests`; a stream is read with `take()` from any thread, or with
+`await stream.atake()` on an asyncio event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import logging
-import queue
 import threading
-import time
-import weakref
 from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from itertools import islice
-from typing import Protocol
 
 import numpy as np
 
-from .engine import Backend, check_prompt_ids, check_seed, window_keep
-from .sampling import SamplingParams, sample_rows
+from ..window import window_keep, window_start
+from .backend import Backend, DecodeBatch
+from .requests import Request, ServerBusy, Stream
+from .runner import InlineRunner, Runner, torch_runner
+from .sampling import SamplingParams, apply_repetition_penalty, sample_rows
+from .spec import check_value
 
 logger = logging.getLogger(__name__)
 
-
-class ServerBusy(RuntimeError):
-    """The scheduler's queue is full: the request was not accepted (HTTP APIs answer 429/503)."""
+__all__ = ["InlineRunner", "Request", "Runner", "Scheduler", "ServerBusy", "Stream", "check_prompt_ids", "torch_runner"]
 
 
-class DecodeBatch(Protocol):
-    """The rows decoding together and their KV caches, kept by the backend (`backend.new_batch(max_rows)`).
-
-    Rows are numbered 0..len-1: a new row is the last one, and removing a row moves the last row into its place."""
-
-    def __len__(self) -> int: ...
-
-    def add(self, ids: Sequence[int]) -> np.ndarray:
-        """Prefills `ids` (a window: positions 0..len-1) as a new last row; returns the logits (V,) of its last
-        position."""
-
-    def remove(self, row: int) -> None: ...
-
-    def step(self, tokens: np.ndarray) -> np.ndarray:
-        """Appends one token (int64 (rows,)) to every row; returns the logits (rows, V)."""
-
-
-@dataclass(frozen=True)
-class Request:
-    """What to generate: prompt ids (non-empty), how many tokens, how to sample, and the window past block_size."""
-
-    prompt_ids: Sequence[int]
-    max_new_tokens: int
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    seed: int | None = None
-    window_mode: str = "exact"
-    refill_tokens: int | None = None
-    stop_token_ids: Sequence[int] = ()
-
-
-_DONE = object()
-
-
-class Stream:
-    """The tokens of one submitted request, as an iterator of ids. `cancel()` (or closing the iterator, or a
-    consumer that stops reading and drops it) removes the request's row before the next decode step."""
-
-    def __init__(self, request: Request, scheduler: Scheduler):
-        self.request = request
-        self._scheduler = scheduler
-        self._tokens: queue.SimpleQueue = queue.SimpleQueue()
-        self.cancelled = threading.Event()
-        self._ended = threading.Event()  # the scheduler is done with the request (`wait`)
-        self.error: BaseException | None = None
-        self.submitted_at = time.perf_counter()
-        self.first_token_at: float | None = None
-        self.generated = 0
-        self._finished = False  # the consumer has seen the end
-        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None  # an `atake` waiting
-
-    def cancel(self) -> None:
-        if not self.cancelled.is_set():
-            self.cancelled.set()
-            self._scheduler._runner.wake()
-
-    def __iter__(self) -> Iterator[int]:
-        try:
-            while (chunk := self.take()) is not None:
-                yield from chunk
-        finally:
-            self.cancel()  # a consumer that stops early frees the row (a no-op once finished)
-
-    def take(self) -> list[int] | None:
-        """Every token made since the last call (waiting for at least one), or None once the request is finished.
-
-        A consumer that only needs to look now and then (a page refreshed every 50 ms) waits between calls
-        (`wait(interval)`, which returns early at the end) and gets several tokens at once, instead of being woken
-        for every token."""
-        if not self._finished:
-            chunk = [self._tokens.get()]
-            while not self._tokens.empty():
-                chunk.append(self._tokens.get())
-            if chunk[-1] is not _DONE:
-                return chunk
-            self._finished = True
-            if chunk[:-1]:
-                return chunk[:-1]  # the last tokens; the end (or the error) comes at the next call
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
-        return None
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Blocks until the request has ended (finished, cancelled or failed: its last token is ready for `take`)
-        or `timeout` seconds have passed; True if it ended. A consumer that looks now and then waits with this
-        instead of sleeping, so the end reaches it at once."""
-        return self._ended.wait(timeout)
-
-    async def atake(self) -> list[int] | None:
-        """`take` for a consumer on an asyncio event loop (the API's handlers): waits without a thread. The loop
-        is woken once per decode step for all its streams that got tokens, not once per stream."""
-        while self._tokens.empty() and not self._finished:
-            loop = asyncio.get_running_loop()
-            future = loop.create_future()
-            self._waiter = (loop, future)
-            if not self._tokens.empty():  # a token came before the waiter was seen: no need to wait
-                self._waiter = None
-                break
-            try:
-                await future
-            finally:
-                self._waiter = None
-        return self.take()
-
-    # -- the scheduler's side --
-
-    def _put(self, token: int) -> None:
-        if self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
-        self.generated += 1
-        self._tokens.put(token)
-        self._scheduler._to_wake.append(self)
-
-    def _finish(self, error: BaseException | None = None) -> None:
-        self.error = error
-        self._tokens.put(_DONE)
-        self._ended.set()
-        self._scheduler._to_wake.append(self)
+def check_prompt_ids(ids: Sequence[int], vocab_size: int, name: str = "the prompt") -> None:
+    """A ValueError unless `ids` is a non-empty sequence of ids in [0, vocab_size)."""
+    if not len(ids):
+        raise ValueError(f"{name} is empty; give at least one token (the lesson starts from id 0, a newline)")
+    bad = [t for t in ids if not 0 <= int(t) < vocab_size]
+    if bad:
+        raise ValueError(f"{name} holds ids {bad[:10]} outside the vocabulary [0, {vocab_size - 1}]")
 
 
 class _Row:
@@ -183,15 +69,15 @@ class _Row:
         self.rng = np.random.default_rng(r.seed)
         self.keep = window_keep(block_size, r.window_mode, r.refill_tokens)
         self.exact = r.window_mode == "exact"
+        self.penalty = r.sampling.repetition_penalty
         self.stops = set(int(t) for t in r.stop_token_ids)
         # transformers' repetition penalty applies to every token seen so far: kept as a mask over the vocabulary
         self.seen = None
         if r.sampling.repetition_penalty != 1.0:
             self.seen = np.zeros(vocab_size, dtype=bool)
             self.seen[self.ids] = True
-        # The window is ids[start:]; a prompt longer than the window starts from its last `keep` tokens, as the
-        # engine's loop does.
-        self.start = len(self.ids) - self.keep if len(self.ids) > block_size else 0
+        # The window is ids[start:] (`gpt_serve.window`); a prompt longer than the window starts from its last `keep`
+        self.start = window_start(len(self.ids), 0, block_size, self.keep)
 
     @property
     def done(self) -> bool:
@@ -201,142 +87,10 @@ class _Row:
         )
 
 
-class Runner:
-    """A thread that runs the decode loops of one or more schedulers, one iteration of each in turn, and other work
-    on their models between iterations (`call`).
-
-    Why PyTorch models share one (`torch_runner()`): PyTorch's CPU ops run on OpenMP (libgomp) thread teams, one
-    team per thread that has run a parallel op, kept for the thread's life. Once the teams' threads outnumber the
-    CPUs, libgomp stops letting them spin between ops and every op waits for its team to be woken: on the 2-core
-    development machine the idle 2-thread team of the thread that loaded the model made a decode step of the
-    shipped model on another thread 1.7-3x slower (`benchmarks/decode_threads.py`: 2.99 against 0.92 ms at one
-    row, 5.50 against 3.15 ms at 16). So every PyTorch model of a process is loaded and decoded on one thread.
-    ONNX Runtime sessions have their own thread pools: each of their schedulers gets a runner of its own.
-
-    `stop()` ends the loops it runs (their requests end with an error) after the current iteration. At interpreter
-    exit every runner still running is stopped that way: a thread still inside a PyTorch op while the interpreter
-    tears down aborts the process ("terminate called without an active exception").
-    """
-
-    def __init__(self, name: str = "gpt-serve-scheduler"):
-        self._schedulers: list[Scheduler] = []
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # (function, args, future)
-        self._event = threading.Event()
-        self._lock = threading.Lock()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-        _runners.add(self)
-
-    @property
-    def thread(self) -> threading.Thread:
-        return self._thread
-
-    def wake(self) -> None:
-        self._event.set()
-
-    def call(self, function, *args):
-        """Runs `function(*args)` on the runner's thread, between two iterations, and returns its result (or raises
-        its error)."""
-        if threading.current_thread() is self._thread:
-            return function(*args)
-        future: Future = Future()
-        with self._lock:
-            if self._stopping or not self._thread.is_alive():
-                raise RuntimeError("the runner is stopped")
-            self._calls.put((function, args, future))
-        self.wake()
-        return future.result()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Ends the loops it runs after the current iteration, and waits up to `timeout` seconds for the thread."""
-        self._request_stop()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=timeout)
-
-    def _request_stop(self) -> None:
-        with self._lock:
-            self._stopping = True
-        self.wake()
-
-    def _add(self, scheduler: Scheduler) -> None:
-        with self._lock:
-            if self._stopping:
-                raise RuntimeError("the runner is stopped")
-            self._schedulers.append(scheduler)
-        self.wake()
-
-    def _run_calls(self) -> None:
-        while not self._calls.empty():
-            function, args, future = self._calls.get()
-            try:
-                future.set_result(function(*args))
-            except BaseException as e:  # the caller gets it
-                future.set_exception(e)
-
-    def _run(self) -> None:
-        while True:
-            self._run_calls()
-            with self._lock:
-                stopping, schedulers = self._stopping, list(self._schedulers)
-            busy = False
-            for scheduler in schedulers:
-                try:
-                    if not stopping and not scheduler._closing():
-                        busy = scheduler._iterate() or busy
-                        continue
-                    scheduler._shutdown()
-                except BaseException as e:  # the loop itself failed (no memory for a batch): only it ends
-                    logger.exception("a decode loop failed; its requests end with the error")
-                    try:
-                        scheduler._shutdown(e)
-                    except BaseException:
-                        logger.exception("and could not end its requests")
-                with self._lock:
-                    self._schedulers.remove(scheduler)
-            if stopping and not schedulers:
-                break
-            if not busy:
-                with self._lock:
-                    idle = self._calls.empty() and not self._stopping and not any(s._closing() for s in schedulers)
-                if idle:
-                    self._event.wait()
-                    self._event.clear()
-        while not self._calls.empty():
-            self._calls.get()[2].set_exception(RuntimeError("the runner is stopped"))
-
-
-_runners: weakref.WeakSet[Runner] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_runners() -> None:
-    """Runs before the interpreter stops its daemon threads (after the others have ended)."""
-    runners = list(_runners)
-    for runner in runners:  # all of them at once, then one deadline for all
-        runner._request_stop()
-    deadline = time.monotonic() + 10
-    for runner in runners:
-        runner.thread.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
 def _resolve(futures: list[asyncio.Future]) -> None:
     for future in futures:
         if not future.done():  # a cancelled waiter (its client went away) stays cancelled
             future.set_result(None)
-
-
-_torch_runner: Runner | None = None
-_torch_runner_lock = threading.Lock()
-
-
-def torch_runner() -> Runner:
-    """The process's one runner for PyTorch models (see `Runner`), started on first use."""
-    global _torch_runner
-    with _torch_runner_lock:
-        if _torch_runner is None or not _torch_runner.thread.is_alive():
-            _torch_runner = Runner("gpt-serve-torch")
-        return _torch_runner
 
 
 class Scheduler:
@@ -350,7 +104,8 @@ class Scheduler:
         max_prefills_per_step: the most waiting requests prefilled between two decode steps.
         max_recompute_per_step: the most exact-mode rows past their window advanced per step.
         runner: the `Runner` whose thread runs the loop (None: a runner of its own, stopped by `close`). The
-            registry gives every PyTorch backend the shared `torch_runner()`.
+            registry gives every PyTorch backend the shared `torch_runner()`; an `InlineRunner` steps the loop on
+            the thread that reads the streams (what the library's `generate_tokens` uses).
     """
 
     def __init__(
@@ -429,20 +184,34 @@ class Scheduler:
         """Stops the loop; requests still running or waiting end with an error."""
         with self._lock:
             self._closed = True
-        self._runner.wake()
-        if threading.current_thread() is not self._runner.thread:
-            self._stopped.wait(timeout=10)
+        if self._runner.inline:
+            if not self._stopped.is_set():
+                self._shutdown()
+        else:
+            self._runner.wake()
+            if threading.current_thread() is not self._runner.thread:
+                self._stopped.wait(timeout=10)
         if self._owns_runner:
             self._runner.stop()
+
+    def _drive(self, stream: Stream, until_end: bool = False) -> None:
+        """With an `InlineRunner`: runs iterations of the loop here until `stream` has a token to take (or, with
+        `until_end`, has ended). A no-op for a loop on a runner's thread."""
+        if not self._runner.inline:
+            return
+        while (stream._tokens.empty() or until_end) and not stream._ended.is_set():
+            if self._closing():
+                self._shutdown()
+                return
+            self._iterate()
 
     def _check(self, r: Request) -> None:
         if not isinstance(r, Request):
             raise TypeError(f"submit takes a Request, got {type(r).__name__}")
-        n = r.max_new_tokens
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {n!r}")
+        check_value("max_new_tokens", r.max_new_tokens)
         check_prompt_ids(r.prompt_ids, self.backend.vocab_size)
-        check_seed(r.seed)
+        if r.seed is not None:
+            check_value("seed", r.seed)
         if not isinstance(r.sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(r.sampling).__name__}")
         window_keep(self.backend.block_size, r.window_mode, r.refill_tokens)  # raises for a bad window
@@ -571,12 +340,13 @@ class Scheduler:
         if self._append(row, token):
             self._remove(index)
             return
-        if len(row.ids) - row.start > self.backend.block_size:  # the next token would not fit in the window
+        start = window_start(len(row.ids), row.start, self.backend.block_size, row.keep)
+        if start != row.start:  # the next token would not fit in the window
             self._remove(index)
             if row.exact:
                 self._recompute.append(row)
                 return
-            row.start = len(row.ids) - row.keep  # refill: the last `keep` tokens, prefilled again
+            row.start = start  # refill: the last `keep` tokens, prefilled again
             try:
                 logits = self._batch.add(row.ids[row.start :])
             except Exception as e:  # out of the batch already: this request ends with the error, the others go on
@@ -593,10 +363,8 @@ class Scheduler:
         penalized = [i for i, r in enumerate(rows) if r.seen is not None]
         if penalized:
             logits = logits.copy()
-            for i in penalized:  # transformers' rule: a seen token's logit / penalty if positive, * penalty if not
-                seen, penalty = rows[i].seen, rows[i].sampling.repetition_penalty
-                row = logits[i, seen]
-                logits[i, seen] = np.where(row > 0, row / penalty, row * penalty)
+            for i in penalized:
+                apply_repetition_penalty(logits[i], rows[i].seen, rows[i].penalty)
         return sample_rows(logits, [r.sampling for r in rows], [r.rng for r in rows])
 
     def _append(self, row: _Row, token: int) -> bool:

@@ -1,4 +1,4 @@
-"""The PyTorch backend of the generation engine, and the lesson's full-recompute loop as a reference."""
+"""The PyTorch backend of the generation engine: a `CharGPTForCausalLM` behind the `Backend` protocol."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..modeling_chargpt import CharGPTForCausalLM, attention_function, padding_bias
-from .engine import window_keep
-from .sampling import SamplingParams, sample_next
 
 
 class DecodeLinear(nn.Module):
@@ -202,34 +200,6 @@ class TorchBackend:
         for block in m.blocks:
             x, _ = block(x, attention=attention, attention_mask=bias, cache=cache)
         return m.lm_head(m.ln_f(x))[:, -1].float().cpu().numpy()
-
-
-@torch.inference_mode()
-def full_recompute_generate(
-    model: CharGPTForCausalLM,
-    prompt: list[int],
-    max_new_tokens: int,
-    sampling: SamplingParams | None = None,
-    seed: int | None = None,
-    window_mode: str = "exact",
-    refill_tokens: int | None = None,
-) -> list[int]:
-    """The lesson's `generate`: no cache, the whole window re-run for every token. The reference the cached
-    paths are tested and benchmarked against; same window semantics and same sampler as the engine."""
-    model.eval()
-    sampling = sampling or SamplingParams()
-    block_size = model.config.block_size
-    keep = window_keep(block_size, window_mode, refill_tokens)
-    rng = np.random.default_rng(seed)
-    device = next(model.parameters()).device
-    ids, start = list(prompt), 0
-    for _ in range(max_new_tokens):
-        if len(ids) - start > block_size:
-            start = len(ids) - keep
-        x = torch.tensor([ids[start:]], device=device)
-        logits = model(input_ids=x, use_cache=False, logits_to_keep=1).logits[:, -1].float().cpu().numpy()
-        ids.append(int(sample_next(logits, sampling, rng)[0]))
-    return ids[len(prompt) :]
 
 
 class BatchKV:

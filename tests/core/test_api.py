@@ -101,17 +101,18 @@ def test_a_stop_sequence_ends_the_text_before_it(api):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(temperature=5), "temperature must be in [0, 2], got 5"),
-        (dict(max_tokens=0), "max_tokens must be in [1, 2000], got 0"),
-        (dict(top_p=0), "top_p must be in (0, 1], got 0"),
+        (dict(temperature=5), "temperature must be a number in [0, 2] (0 = greedy), got 5"),
+        (dict(max_tokens=0), "max_new_tokens must be an integer in [1, 100000], got 0"),
+        (dict(top_p=0), "top_p must be a number in (0, 1], got 0"),
         (dict(n=2), "n must be 1"),
         (dict(logprobs=2), "logprobs is not supported"),
-        (dict(prompt="ROMEO é"), "'é' at 6"),
+        (dict(prompt="ROMEO é"), "1 character outside this model's vocabulary: 'é' (position 6)"),
         (dict(prompt=[1, 2, 3]), "token arrays are not supported"),
         (dict(stop=["a", "b", "c", "d", "e"]), "stop must be a string or a list of at most 4"),
         (dict(extra_body={"window_mode": "slide"}), "window_mode must be one of ['exact', 'refill']"),
-        (dict(extra_body={"top_k": -1}), "top_k must be in [0, 1e+06], got -1"),
-        (dict(extra_body={"backend": "cuda"}), "backend must be one of ['torch', 'onnx', 'onnx-int8']"),
+        (dict(extra_body={"top_k": -1}), "top_k must be an integer in [0, 1000000] (0 = no limit), got -1"),
+        (dict(extra_body={"backend": "cuda"}), "backend must be one of 'torch' (PyTorch), 'onnx' (ONNX Runtime fp32)"),
+        (dict(extra_body={"min_p": 0.1}), "unknown field 'min_p'; the fields are ['prompt', 'max_new_tokens'"),
     ],
 )
 def test_bad_requests_get_a_400_naming_the_problem(api, kwargs, message):

@@ -19,12 +19,14 @@ def test_generate_streams_the_continuation(tiny_model_dir, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--temperature", "-1"], "temperature must be a finite number >= 0"),
-        (["--top-p", "2"], r"top_p must be in \(0, 1\]"),
-        (["--prompt", "héllo"], "'é' at 1"),
+        (["--temperature", "-1"], r"temperature must be a number in \[0, 2\] \(0 = greedy\), got -1"),
+        (["--top-p", "2"], r"top_p must be a number in \(0, 1\], got 2"),
+        (["--prompt", "héllo"], r"1 character outside this model's vocabulary: 'é' \(position 1\)"),
         (["--window-mode", "refill", "--refill-tokens", "0"], "refill_tokens must be an integer"),
-        (["--refill-tokens", "5"], "--refill-tokens applies only with --window-mode refill"),
-        (["--max-new-tokens", "-5"], "max_new_tokens must be in"),
+        (["--window-mode", "exact", "--refill-tokens", "5"], "refill_tokens applies only with window_mode 'refill'"),
+        (["--max-new-tokens", "-5"], r"max_new_tokens must be an integer in \[1, 100000\], got -5"),
+        (["--backend", "cuda"], "backend must be one of 'torch' "),
+        (["--stop", ""], "stop must be a string or a list of at most 4 non-empty strings"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(tiny_model_dir, capsys, args, message):

@@ -3,11 +3,11 @@
 import pytest
 import torch
 from conftest import make_tiny_model
+from lesson_reference import full_recompute_generate
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TextIteratorStreamer, pipeline
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
 from gpt_serve.generation.sampling import SamplingParams
-from gpt_serve.generation.torch_backend import full_recompute_generate
 from tests.conftest import run_without_gpt_serve
 
 GREEDY = SamplingParams(temperature=0)
@@ -55,9 +55,11 @@ def test_left_padded_batch_equals_single_prompts(tiny_model, tokenizer):
     prompts = ["First Citizen:", "ROMEO:", "O"]
     batch = tokenizer(prompts, padding=True, return_tensors="pt")
     n = 30  # crosses block_size (16) for every row
-    out = tiny_model.generate(**batch, max_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    # exact: every row gets its own window (in refill mode a shared cache restarts every row at once)
+    kwargs = dict(max_new_tokens=n, do_sample=False, window_mode="exact")
+    out = tiny_model.generate(**batch, pad_token_id=tokenizer.pad_token_id, **kwargs)
     for row, prompt in zip(out, prompts):
-        single = tiny_model.generate(**tokenizer(prompt, return_tensors="pt"), max_new_tokens=n, do_sample=False)
+        single = tiny_model.generate(**tokenizer(prompt, return_tensors="pt"), **kwargs)
         assert row[-n:].tolist() == single[0, -n:].tolist()
     assert not torch.isnan(tiny_model(**batch, use_cache=False).logits).any()  # fully masked pad rows stay finite
 
@@ -213,7 +215,8 @@ def test_save_pretrained_writes_the_remote_code_bundle(tmp_path, tiny_model, tok
     tiny_model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     bundle = sorted(p.name for p in tmp_path.glob("*.py"))
-    assert bundle == ["configuration_chargpt.py", "modeling_chargpt.py"]  # the tokenizer is tokenizer.json
+    # the model, its config and the window rule it shares with the scheduler; the tokenizer is tokenizer.json
+    assert bundle == ["configuration_chargpt.py", "modeling_chargpt.py", "window.py"]
 
 
 def test_window_mode_is_a_generation_argument(tiny_model):
@@ -221,7 +224,9 @@ def test_window_mode_is_a_generation_argument(tiny_model):
     assert not hasattr(tiny_model.config, "window_mode") and "window_mode" not in tiny_model.config.to_dict()
     with pytest.raises(ValueError, match="window_mode must be one of"):
         tiny_model.generate(x, max_new_tokens=20, do_sample=False, window_mode="slide")
-    with pytest.raises(ValueError, match=r"refill_tokens must be an integer in \[1, 15\], got 16"):
+    with pytest.raises(
+        ValueError, match=r"refill_tokens must be an integer in \[1, block_size - 1\] = \[1, 15\], got 16"
+    ):
         tiny_model.generate(x, max_new_tokens=20, do_sample=False, window_mode="refill", refill_tokens=16)
     n = 40
     naive = full_recompute_generate(tiny_model, [18, 47, 56], n, GREEDY, window_mode="refill", refill_tokens=5)

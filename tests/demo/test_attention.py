@@ -19,6 +19,7 @@ from demo.attention import (
     render_heads,
 )
 from gpt_serve.generation.registry import ModelRegistry
+from gpt_serve.generation.spec import MAX_NEW_TOKENS
 
 
 def test_prompt_attention_is_causal_and_normalized(registry):
@@ -82,5 +83,5 @@ def test_build_demo_with_defaults_loads_nothing(registry):
     fresh = ModelRegistry(registry.folders, threads=1)
     blocks = build_demo(fresh)
     assert blocks.handlers.default_model == "ladder-a" and blocks.handlers.default_backend == "torch"
-    assert blocks.handlers.limits.max_new_tokens == 2000
+    assert blocks.handlers.limits.max_new_tokens == MAX_NEW_TOKENS  # the request specification's
     assert not any(fresh.is_loaded(name, "torch") for name in fresh.available)

@@ -12,7 +12,6 @@ import pytest
 from demo.attention import label_step
 from demo.captions import attention_caption, stats_line
 from demo.generation import GenerationRequest, Progress
-from gpt_serve.generation import SamplingParams
 from tests.demo.conftest import form
 
 
@@ -57,14 +56,14 @@ def progress(tokens: int, prompt: str = "ROMEO:", block_size: int = 16) -> Progr
     ("window_mode", "tokens", "says_why"), [("exact", 10, False), ("exact", 11, True), ("refill", 40, False)]
 )
 def test_the_stats_say_why_exact_mode_slows_down_past_block_size(window_mode, tokens, says_why):
-    request = GenerationRequest("ROMEO:", 40, SamplingParams(), 1, False, "torch", "tiny", window_mode)
+    request = GenerationRequest("ROMEO:", 40, seed=1, backend="torch", model="tiny", window_mode=window_mode)
     line = stats_line(progress(tokens), request)
     assert line.startswith(f"**{tokens}** / 40 tokens")
     assert ("passed block_size (16): exact mode reruns the model" in line and "**refill**" in line) == says_why
 
 
 def test_one_token_is_singular():
-    request = GenerationRequest("ROMEO:", 1, SamplingParams(), 1, False, "torch", "tiny")
+    request = GenerationRequest("ROMEO:", 1, seed=1, backend="torch", model="tiny")
     assert stats_line(progress(1), request).startswith("**1** / 1 token ·")
 
 

@@ -27,12 +27,51 @@ class FakeBackend:
         past_ids, past_mask = cache if cache is not None else (input_ids[:, :0], attention_mask[:, :0])
         B, T = input_ids.shape
         assert attention_mask.shape == (B, past_ids.shape[1] + T), "the mask covers cached and new columns"
+        position_ids = np.asarray(position_ids)
         assert position_ids.shape == (B, T) and 0 <= position_ids.min() and position_ids.max() < self.block_size
         assert attention_mask.shape[1] <= self.block_size, "the window never outgrows block_size"
         np.testing.assert_array_equal(attention_mask[:, : past_ids.shape[1]], past_mask)
         self.calls.append((past_ids.shape[1], T))
         ids = np.concatenate([past_ids, input_ids], axis=1)
         return self.logits_of(ids, attention_mask), (ids, attention_mask)
+
+    def new_batch(self, max_rows: int) -> FakeBatch:
+        return FakeBatch(self, max_rows)
+
+    def window_logits(self, input_ids):
+        positions = np.tile(np.arange(input_ids.shape[1]), (len(input_ids), 1))
+        return self.forward(input_ids, np.ones_like(input_ids), positions, None)[0]
+
+
+class FakeBatch:
+    """The scheduler's `DecodeBatch` on the fake: every row keeps its own cache and steps through `forward`."""
+
+    def __init__(self, backend: FakeBackend, max_rows: int):
+        self.backend, self.max_rows, self.caches = backend, max_rows, []
+
+    def __len__(self) -> int:
+        return len(self.caches)
+
+    def add(self, ids):
+        assert len(self.caches) < self.max_rows
+        ids = np.asarray(ids, dtype=np.int64)[None]
+        logits, cache = self.backend.forward(ids, np.ones_like(ids), np.arange(ids.shape[1])[None], None)
+        self.caches.append(cache)
+        return logits[0]
+
+    def remove(self, row: int) -> None:
+        last = self.caches.pop()
+        if row < len(self.caches):
+            self.caches[row] = last
+
+    def step(self, tokens):
+        out = []
+        for r, cache in enumerate(self.caches):
+            past = cache[0].shape[1]
+            token = np.asarray(tokens[r : r + 1], dtype=np.int64)[None]
+            logits, self.caches[r] = self.backend.forward(token, np.ones((1, past + 1), np.int64), [[past]], cache)
+            out.append(logits[0])
+        return np.stack(out)
 
 
 @pytest.fixture

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from lesson_reference import full_recompute_generate
 
 from gpt_serve.generation.engine import generate_text, generate_tokens, stream_text
 from gpt_serve.generation.sampling import SamplingParams, sample_next
-from gpt_serve.generation.torch_backend import TorchBackend, full_recompute_generate
+from gpt_serve.generation.torch_backend import TorchBackend
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = [18, 47, 56, 57, 58]
@@ -79,11 +80,13 @@ def test_empty_prompt_starts_from_a_newline(tiny_model, tokenizer):
     )
 
 
-def test_stop_character_ends_the_text(tiny_model, tokenizer):
+def test_stop_strings_end_the_text_before_them(tiny_model, tokenizer):
     backend = TorchBackend(tiny_model)
     free = generate_text(backend, tokenizer.vocab, "ROMEO:", 60, GREEDY)
-    stop = free[10]
-    assert generate_text(backend, tokenizer.vocab, "ROMEO:", 60, GREEDY, stop=stop) == free[: free.index(stop) + 1]
+    stop = free[10:12]
+    assert generate_text(backend, tokenizer.vocab, "ROMEO:", 60, GREEDY, stop=stop) == free[: free.index(stop)]
+    two = [free[30:33], stop]
+    assert generate_text(backend, tokenizer.vocab, "ROMEO:", 60, GREEDY, stop=two) == free[: free.index(stop)]
 
 
 def test_closing_the_stream_stops_the_compute(tiny_model, tokenizer):
@@ -101,7 +104,7 @@ def test_closing_the_stream_stops_the_compute(tiny_model, tokenizer):
 
 def test_unknown_characters_in_prompt(tiny_model, tokenizer):
     backend = TorchBackend(tiny_model)
-    with pytest.raises(ValueError, match="'€' at 5"):
+    with pytest.raises(ValueError, match=r"1 character outside this model's vocabulary: '€' \(position 5\)"):
         next(stream_text(backend, tokenizer.vocab, "ROMEO€", 5))
     assert len(generate_text(backend, tokenizer.vocab, "ROMEO€", 5, unk_policy="replace")) == 5
     with pytest.raises(ValueError, match="no character left"):
@@ -111,12 +114,12 @@ def test_unknown_characters_in_prompt(tiny_model, tokenizer):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(temperature=-0.5), "temperature must be a finite number >= 0"),
-        (dict(temperature=float("nan")), "temperature must be a finite number"),
-        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
-        (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
-        (dict(top_k=-3), "top_k must be None or an integer >= 0"),
-        (dict(repetition_penalty=0), "repetition_penalty must be a finite number > 0"),
+        (dict(temperature=-0.5), r"temperature must be a number in \[0, 2\] \(0 = greedy\), got -0.5"),
+        (dict(temperature=float("nan")), r"temperature must be a number in \[0, 2\]"),
+        (dict(top_p=0.0), r"top_p must be a number in \(0, 1\], got 0.0"),
+        (dict(top_p=1.5), r"top_p must be a number in \(0, 1\]"),
+        (dict(top_k=-3), r"top_k must be an integer in \[0, 1000000\] \(0 = no limit\), got -3"),
+        (dict(repetition_penalty=0), r"repetition_penalty must be a number in \(0, 10\]"),
     ],
 )
 def test_bad_sampling_params_are_named(kwargs, message):
@@ -127,13 +130,14 @@ def test_bad_sampling_params_are_named(kwargs, message):
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        (dict(max_new_tokens=-1), ValueError, r"max_new_tokens must be in \[0, 1000000\]"),
-        (dict(max_new_tokens=10**9), ValueError, r"max_new_tokens must be in \[0, 1000000\]"),
-        (dict(max_new_tokens=2.5), TypeError, "max_new_tokens must be an integer"),
-        (dict(seed=-4), ValueError, "seed must be None or an integer >= 0"),
+        (dict(max_new_tokens=0), ValueError, r"max_new_tokens must be an integer in \[1, 100000\], got 0"),
+        (dict(max_new_tokens=10**400), ValueError, r"max_new_tokens must be an integer in \[1, 100000\], got 1000"),
+        (dict(max_new_tokens=2.5), ValueError, r"max_new_tokens must be an integer in \[1, 100000\], got 2.5"),
+        (dict(seed=-4), ValueError, r"seed must be an integer in \[0, 9007199254740991\]"),
         (dict(window_mode="slide"), ValueError, "window_mode must be one of"),
         (dict(window_mode="refill", refill_tokens=16), ValueError, r"refill_tokens must be .* = \[1, 15\], got 16"),
-        (dict(prompt=123), TypeError, "prompt must be a str"),
+        (dict(prompt=123), ValueError, "prompt must be text, got int"),
+        (dict(stop=["a"] * 5), ValueError, "stop must be a string or a list of at most 4 non-empty strings"),
     ],
 )
 def test_bad_arguments_are_named(tiny_model, tokenizer, kwargs, error, message):
@@ -145,9 +149,9 @@ def test_bad_arguments_are_named(tiny_model, tokenizer, kwargs, error, message):
 
 def test_bad_prompt_ids(tiny_model):
     backend = TorchBackend(tiny_model)
-    with pytest.raises(ValueError, match="prompt 1 is empty"):
+    with pytest.raises(ValueError, match="prompt 1: the prompt is empty"):
         next(generate_tokens(backend, [[1], []], 3))
-    with pytest.raises(ValueError, match=r"prompt 0 holds ids \[99\] outside the vocabulary \[0, 64\]"):
+    with pytest.raises(ValueError, match=r"the prompt holds ids \[99\] outside the vocabulary \[0, 64\]"):
         next(generate_tokens(backend, [[1, 99]], 3))
 
 
@@ -236,7 +240,7 @@ def test_the_engine_keeps_the_window_semantics_on_a_fake_backend(fake, window_mo
 
 def test_a_fake_left_padded_batch_equals_each_prompt_alone(fake):
     prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
-    batch = tokens(fake, prompts, 20, sampling=GREEDY)
+    batch = tokens(fake, prompts, 20, sampling=GREEDY, window_mode="exact")
     for row, prompt in zip(batch, prompts, strict=True):
         assert row.tolist() == reference_tokens(fake, prompt, 20)
 
@@ -246,6 +250,7 @@ def test_the_fake_engine_stops_and_seeds(fake):
     stop = free[5]
     stopped = tokens(fake, [[1, 2]], 20, sampling=GREEDY, stop_token_ids=[stop])[0].tolist()
     assert stopped == free[: free.index(stop) + 1]
-    assert list(generate_tokens(fake, [[1]], 0)) == []
+    with pytest.raises(ValueError, match=r"max_new_tokens must be an integer in \[1, 100000\], got 0"):
+        next(generate_tokens(fake, [[1]], 0))
     sampled = [tokens(fake, [[3]], 25, sampling=SamplingParams(2.0), seed=s)[0].tolist() for s in (1, 1, 2)]
     assert sampled[0] == sampled[1] != sampled[2]

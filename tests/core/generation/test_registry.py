@@ -33,7 +33,7 @@ def test_backend_names_keys_and_labels(value, key):
 
 @pytest.mark.parametrize("value", ["cuda", "", None, 3])
 def test_unknown_backends_are_refused_with_the_choices(value):
-    with pytest.raises(RequestError, match="choose one of 'torch' \\(PyTorch\\), 'onnx'"):
+    with pytest.raises(RequestError, match="backend must be one of 'torch' \\(PyTorch\\), 'onnx'"):
         resolve_backend(value)
 
 

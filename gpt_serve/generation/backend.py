@@ -1,0 +1,69 @@
+"""What computes the logits: the `Backend` protocol every backend implements, and its `DecodeBatch`. numpy only.
+
+`TorchBackend` (`torch_backend`) and `OnnxBackend` (`onnx_backend`) implement it; the scheduler (`scheduler`), the
+one token loop of this package, drives them through nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+class DecodeBatch(Protocol):
+    """The rows decoding together and their KV caches, kept by the backend (`backend.new_batch(max_rows)`).
+
+    Rows are numbered 0..len-1: a new row is the last one, and removing a row moves the last row into its place."""
+
+    def __len__(self) -> int: ...
+
+    def add(self, ids: Sequence[int]) -> np.ndarray:
+        """Prefills `ids` (a window: positions 0..len-1) as a new last row; returns the logits (V,) of its last
+        position."""
+
+    def remove(self, row: int) -> None: ...
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        """Appends one token (int64 (rows,)) to every row; returns the logits (rows, V)."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A model that computes next-token logits.
+
+    - `forward(input_ids, attention_mask, position_ids, cache) -> (last_logits, cache)`: int64 arrays `input_ids`
+      (B, T) and `position_ids` (B, T), an int64 `attention_mask` (B, past + T) over the cached and new columns, and
+      an opaque `cache` (None = start empty); float logits (B, vocab) of the last position and the cache extended by
+      the T new tokens (the export's validation and the backends' own prefills use it);
+    - `new_batch(max_rows)`: an empty `DecodeBatch`, what the scheduler decodes on;
+    - `window_logits(ids)`: logits (B, vocab) of the last token of B full windows (B, T) at positions 0..T-1, no
+      cache: what `window_mode="exact"` runs for every token past `block_size`.
+    """
+
+    block_size: int
+    vocab_size: int
+
+    def forward(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, cache: Any
+    ) -> tuple[np.ndarray, Any]: ...
+
+    def new_batch(self, max_rows: int) -> DecodeBatch: ...
+
+    def window_logits(self, input_ids: np.ndarray) -> np.ndarray: ...
+
+
+def left_pad(prompts: Sequence[Sequence[int]], extra: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) of shape (B, longest + extra) for `forward`: prompts right-aligned, padding (id 0, mask 0) on the
+    left, as transformers' decoders take a batch."""
+    if not prompts:
+        raise ValueError("no prompts given")
+    longest = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), longest + extra), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for b, p in enumerate(prompts):
+        if len(p):
+            ids[b, longest - len(p) : longest] = p
+            mask[b, longest - len(p) : longest] = 1
+    return ids, mask

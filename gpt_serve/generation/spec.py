@@ -1,0 +1,258 @@
+"""The request specification: every generation field's type, range, default and aliases, in one table, parsed by
+one function with one set of messages. numpy-free, torch-free.
+
+    request = parse_request({"prompt": "ROMEO:", "max_tokens": 200, "temperature": 0.8, "seed": 1})
+    request.sampling        # SamplingParams(temperature=0.8, ...), what the sampler gets
+    request.seed            # 1 (a seed left out or -1 is drawn here, and `seed_was_random` says so)
+
+Every surface parses what its user sent into a `GenerationRequest` here: the library's `stream_text`, `gpt-serve
+generate`, the OpenAI API, the demo and its `/generate`, Ray Serve replicas; the browser page reads the same table
+from `demo/web/limits.json`, generated from `FIELDS` (`spec_table()`; a test keeps the file in step). A value out of
+range gets the same `RequestError` with the same message on every surface; each front end only maps it to its wire
+format. Why each limit is what it is:
+
+- `max_new_tokens` (OpenAI's `max_tokens`) in [1, 100,000]: ten times the lesson's longest generation (10,000
+  characters into `more.txt`), a few minutes of one stream on a CPU, so no request runs for hours; a server may
+  lower it (`max_new_tokens_limit`). Default 256 (OpenAI's legacy 16 is a word here).
+- `temperature` in [0, 2], `top_p` in (0, 1]: the OpenAI wire format's ranges; 0 is greedy.
+- `top_k` in [0, 1,000,000] (0 = no limit; anything from the vocabulary size up means no limit too).
+- `repetition_penalty` in (0, 10], transformers' rule (1 = off).
+- `seed` in [0, 2^53 - 1], the integers a JavaScript number holds exactly (the browser page carries it too);
+  null or -1 draws one at random (reported back). Prompt `i` of a list gets `seed + i`.
+- `prompt` at most 10,000 characters (the model reads only its last `block_size`). The empty prompt starts the text
+  after a newline (id 0), as the lesson's `generate(torch.zeros((1, 1)))` does.
+- `stop`: a string or up to 4 (OpenAI's limit) non-empty strings of at most 100 characters; the text ends before
+  the first one, which is not part of it (OpenAI's rule).
+- `window_mode` `"refill"` by default (fast past `block_size`), `"exact"` for the lesson's sliding window
+  (`gpt_serve.window`); `refill_tokens` in [1, block_size - 1], default block_size // 2.
+- `unk_policy` `"error"` by default: characters outside the vocabulary are refused, named; `"replace"` makes each a
+  space, `"drop"` removes them.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..vocab import UNK_POLICIES
+from ..window import DEFAULT_WINDOW_MODE, WINDOW_MODES
+from .sampling import SamplingParams
+
+MAX_PROMPT_CHARS = 10_000
+MAX_NEW_TOKENS = 100_000
+MAX_SEED = 2**53 - 1
+RANDOM_SEEDS = 2**31  # a drawn seed is below this: short enough to read back and type
+MAX_STOP_SEQUENCES = 4
+MAX_STOP_CHARS = 100
+
+
+class RequestError(ValueError):
+    """A request refused, with a message meant for the person who sent it; `field` names the bad field."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Field:
+    """One request field: `kind` is "integer", "number", "text", "choice" or "stop"; `lo`/`hi` bound numbers (`hi`
+    the length of text); None values (JSON null) mean the default."""
+
+    name: str
+    kind: str
+    default: Any
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    choices: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    hint: str = ""
+    doc: str = ""
+
+    def interval(self, hi: float | None = None) -> str:
+        """'[0, 2]', '(0, 1]', '[1, inf)': the accepted numbers (`hi`: a lower upper bound than the field's)."""
+        hi = self.hi if hi is None else hi
+        return f"{'(' if self.lo_open else '['}{_num(self.lo)}, {'inf)' if hi is None else _num(hi) + ']'}"
+
+
+def _num(x) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("prompt", "text", "", hi=MAX_PROMPT_CHARS, doc="the text to continue; empty starts after a newline"),
+    Field("max_new_tokens", "integer", 256, 1, MAX_NEW_TOKENS, aliases=("max_tokens",), doc="characters to generate"),
+    Field("temperature", "number", 1.0, 0, 2, hint=" (0 = greedy)", doc="sampling temperature"),
+    Field("top_k", "integer", 0, 0, 1_000_000, hint=" (0 = no limit)", doc="sample among the k most likely"),
+    Field("top_p", "number", 1.0, 0, 1, lo_open=True, doc="nucleus sampling (1 = off)"),
+    Field("repetition_penalty", "number", 1.0, 0, 10, lo_open=True, hint=" (1 = off)", doc="> 1 discourages repeats"),
+    Field("seed", "integer", None, 0, MAX_SEED, hint=" (null or -1 = random)", doc="the same seed gives the same text"),
+    Field("stop", "stop", (), doc=f"up to {MAX_STOP_SEQUENCES} strings; the text ends before the first one"),
+    Field("window_mode", "choice", DEFAULT_WINDOW_MODE, choices=WINDOW_MODES, doc="past block_size"),
+    Field("refill_tokens", "integer", None, 1, None, doc="tokens kept by refill (null: block_size // 2)"),
+    Field("unk_policy", "choice", "error", choices=UNK_POLICIES, doc="characters outside the vocabulary"),
+    Field("backend", "backend", None, doc="torch, onnx or onnx-int8 (null: the server's default)"),
+    Field("model", "model", None, doc="a model name (null: the server's default)"),
+)
+FIELDS_BY_NAME = {f.name: f for f in FIELDS}
+_ALIASES = {alias: f.name for f in FIELDS for alias in f.aliases}
+
+
+def show_value(value: Any) -> str:
+    """A value for a message: its repr, cut short (a client can send a 20 MB string); a whole float as an integer,
+    so that 0 in JSON and 0.0 from a command line read alike."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
+
+
+def check_value(name: str, value: Any, hi: float | None = None) -> Any:
+    """The field `name`'s value, checked and normalized (ints stay ints, numbers become floats, `stop` a tuple);
+    RequestError naming the field, the accepted values and what was sent otherwise. `hi` lowers the upper bound
+    (a server's own limit). None returns the field's default."""
+    f = FIELDS_BY_NAME[name]
+    if value is None:
+        return f.default
+    hi = f.hi if hi is None else min(hi, f.hi) if f.hi is not None else hi
+    if f.kind in ("integer", "number"):
+        return _check_number(f, value, hi)
+    if f.kind == "text":
+        if not isinstance(value, str):
+            raise RequestError(f"{name} must be text, got {type(value).__name__}", name)
+        if len(value) > hi:
+            raise RequestError(
+                f"{name} is {len(value):,} characters long; the limit is {int(hi):,} "
+                f"(the model reads only the last block_size characters)",
+                name,
+            )
+        return value
+    if f.kind == "stop":
+        return _check_stop(value)
+    if f.kind == "choice":
+        if not isinstance(value, str) or value not in f.choices:
+            raise RequestError(f"{name} must be one of {list(f.choices)}, got {show_value(value)}", name)
+        return value
+    if f.kind == "backend":
+        from .loading import resolve_backend
+
+        return resolve_backend(value)
+    if not isinstance(value, str) or not value.strip():  # a model name, resolved by the server's registry
+        raise RequestError(f"{name} must be a model name, got {show_value(value)}", name)
+    return value.strip()
+
+
+def _check_number(f: Field, value: Any, hi: float | None) -> int | float:
+    integer = f.kind == "integer"
+    message = f"{f.name} must be {'an integer' if integer else 'a number'} in {f.interval(hi)}{f.hint}"
+    # bool is an int to Python, never to a user; and nothing is converted before it is bounded (a 400-digit integer
+    # is compared as it is: float() of it would raise OverflowError)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RequestError(f"{message}, got {show_value(value)}", f.name)
+    if not isinstance(value, numbers.Integral) and (
+        not math.isfinite(value) or (integer and not float(value).is_integer())
+    ):
+        raise RequestError(f"{message}, got {show_value(value)}", f.name)
+    low_ok = value > f.lo if f.lo_open else value >= f.lo
+    if not low_ok or (hi is not None and value > hi):
+        raise RequestError(f"{message}, got {show_value(value)}", f.name)
+    return int(value) if integer else float(value)
+
+
+def _check_stop(value: Any) -> tuple[str, ...]:
+    stops = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(stops, (list, tuple))
+        or len(stops) > MAX_STOP_SEQUENCES
+        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops)
+    ):
+        raise RequestError(
+            f"stop must be a string or a list of at most {MAX_STOP_SEQUENCES} non-empty strings of at most "
+            f"{MAX_STOP_CHARS} characters, got {show_value(value)}",
+            "stop",
+        )
+    return tuple(stops)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A checked request: every field in range, of the right type, defaults filled in (see the module docstring).
+    `backend` and `model` are None where the sender left them to the server."""
+
+    prompt: str = ""
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+    seed_was_random: bool = False
+    stop: tuple[str, ...] = ()
+    window_mode: str = DEFAULT_WINDOW_MODE
+    refill_tokens: int | None = None
+    unk_policy: str = "error"
+    backend: str | None = None
+    model: str | None = None
+    sampling: SamplingParams = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        sampling = SamplingParams(self.temperature, self.top_k or None, self.top_p, self.repetition_penalty)
+        object.__setattr__(self, "sampling", sampling)
+
+    def seed_for(self, index: int) -> int:
+        """The seed of prompt `index` of a list: `seed + index` (wrapping inside the seed range)."""
+        return (self.seed + index) % (MAX_SEED + 1)
+
+
+def parse_request(values: Mapping[str, Any], max_new_tokens_limit: int | None = None) -> GenerationRequest:
+    """Checks what a user sent (field names or their aliases, see `FIELDS`); RequestError naming the first bad or
+    unknown field otherwise. `max_new_tokens_limit` is a server's lower limit. Loads nothing."""
+    if not isinstance(values, Mapping):
+        raise RequestError(f"a request must be a mapping of field names to values, got {type(values).__name__}")
+    given: dict[str, Any] = {}
+    sent_as: dict[str, str] = {}
+    for key, value in values.items():
+        name = _ALIASES.get(key, key)
+        if name not in FIELDS_BY_NAME:
+            raise RequestError(f"unknown field {show_value(key)}; the fields are {[f.name for f in FIELDS]}", str(key))
+        if name in given:
+            raise RequestError(f"{sent_as[name]} and {key} are the same field: give one of them", name)
+        given[name], sent_as[name] = value, key
+    seed = given.pop("seed", None)
+    checked = {
+        f.name: check_value(f.name, given.get(f.name), max_new_tokens_limit if f.name == "max_new_tokens" else None)
+        for f in FIELDS
+    }
+    random_seed = seed is None or (isinstance(seed, numbers.Real) and not isinstance(seed, bool) and seed == -1)
+    checked["seed"] = secrets.randbelow(RANDOM_SEEDS) if random_seed else check_value("seed", seed)
+    if checked["window_mode"] == "exact" and checked["refill_tokens"] is not None:
+        raise RequestError("refill_tokens applies only with window_mode 'refill'", "refill_tokens")
+    return GenerationRequest(**checked, seed_was_random=random_seed)
+
+
+def spec_table() -> dict[str, dict[str, Any]]:
+    """`FIELDS` as plain data (JSON), for clients that cannot import this module: the browser page's
+    `demo/web/limits.json` is `spec_json()`, and a test keeps it so."""
+    table = {}
+    for f in FIELDS:
+        entry: dict[str, Any] = {"kind": f.kind, "default": list(f.default) if f.kind == "stop" else f.default}
+        for key in ("lo", "hi", "lo_open", "choices", "aliases", "hint", "doc"):
+            value = getattr(f, key)
+            if value is not None and value != () and value != "" and value is not False:
+                entry[key] = list(value) if isinstance(value, tuple) else value
+        table[f.name] = entry
+    table["stop"].update(max_sequences=MAX_STOP_SEQUENCES, max_chars=MAX_STOP_CHARS)
+    table["seed"]["random_below"] = RANDOM_SEEDS
+    return table
+
+
+def spec_json() -> str:
+    """`spec_table()` as the text of `demo/web/limits.json`."""
+    import json
+
+    return json.dumps(spec_table(), indent=2) + "\n"

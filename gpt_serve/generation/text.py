@@ -1,0 +1,131 @@
+"""The one text stream: a checked request's prompt encoded, submitted to a scheduler, and its tokens decoded
+incrementally with stop strings, cancelled when its consumer closes it. Every surface (the library's `stream_text`,
+`gpt-serve generate`, the OpenAI API, the demo, Ray Serve replicas) reads its text from a `TextStream`; each maps
+only its errors (`RequestError`, `ServerBusy`) to its own wire format.
+
+    text = TextStream(scheduler, loaded.vocab, parse_request({"prompt": "ROMEO:", "max_tokens": 50, "stop": "\\n\\n"}))
+    for piece in text:          # the new text, piece by piece; `text.finish_reason` is "stop" or "length" at the end
+        ...
+"""
+
+from __future__ import annotations
+
+from .requests import Request, Stream
+from .spec import GenerationRequest, RequestError
+
+
+def encode_prompt(vocab, prompt: str, unk_policy: str = "error") -> list[int]:
+    """The prompt's ids. The empty prompt starts after a newline (id 0), as the lesson's `generate(torch.zeros((1,
+    1)))` does. RequestError naming the characters outside the vocabulary (the first ten and a count: nothing of a
+    huge prompt is kept in the error), or a prompt with nothing left once they are dropped."""
+    if not isinstance(prompt, str):
+        raise RequestError(f"prompt must be text, got {type(prompt).__name__}", "prompt")
+    if not prompt:
+        return [0]
+    stoi = vocab.stoi
+    if unk_policy == "error":
+        unknown, count = [], 0
+        for i, c in enumerate(prompt):
+            if c not in stoi:
+                count += 1
+                if len(unknown) < 10:
+                    unknown.append(f"{c!r} (position {i})")
+        if count:
+            more = f" and {count - 10} more" if count > 10 else ""
+            raise RequestError(
+                f"the prompt has {count:,} character{'s' if count > 1 else ''} outside this model's vocabulary: "
+                f"{', '.join(unknown)}{more}. Remove them, or set unk_policy to 'replace' (each becomes a space) or "
+                f"'drop'",
+                "prompt",
+            )
+    ids = vocab.encode(prompt, unk_policy=unk_policy)
+    if not ids:
+        raise RequestError("the prompt has no character left once the unknown ones are dropped", "prompt")
+    return ids
+
+
+class TextStream:
+    """The text of one request on `scheduler` (see the module docstring).
+
+    Args:
+        scheduler: the `Scheduler` of the model (`ModelRegistry.scheduler`, or an inline one for a script).
+        vocab: the model's `CharVocab`.
+        request: the checked request (`parse_request`).
+        index: which prompt of a list this is: its seed is `request.seed_for(index)`.
+
+    Raises `RequestError` for a prompt the vocabulary cannot encode and `ServerBusy` when the scheduler's queue is
+    full; nothing is submitted then.
+    """
+
+    def __init__(self, scheduler, vocab, request: GenerationRequest, index: int = 0):
+        self.request, self.vocab = request, vocab
+        self.prompt_ids = encode_prompt(vocab, request.prompt, request.unk_policy)
+        self.prompt = vocab.decode(self.prompt_ids) if request.prompt else ""  # as the model reads it
+        job = Request(
+            self.prompt_ids,
+            request.max_new_tokens,
+            request.sampling,
+            request.seed_for(index),
+            request.window_mode,
+            request.refill_tokens,
+        )
+        self.stream: Stream = scheduler.submit(job)
+        self.text = ""  # the text so far, cut at a stop string
+        self.tokens = 0  # tokens that made the text (a stop string's included)
+        self.finish_reason: str | None = None  # "stop" (a stop string) or "length" once done
+        self._sent = 0  # how much of `text` `take` has returned
+        self._hold = max((len(s) - 1 for s in request.stop), default=0)  # a tail that may still become a stop
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def cancel(self) -> None:
+        """Frees the request's row before the next decode step (a no-op once it has ended)."""
+        self.stream.cancel()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the request has ended or `timeout` seconds passed (`Stream.wait`); True if it ended."""
+        return self.stream.wait(timeout)
+
+    def take(self) -> str | None:
+        """The text made since the last call (waiting for at least one token; may be "" while a possible stop
+        string is held back), or None once finished."""
+        if self.done:
+            return None
+        return self._feed(self.stream.take())
+
+    async def atake(self) -> str | None:
+        """`take` on an asyncio event loop, without a thread."""
+        if self.done:
+            return None
+        return self._feed(await self.stream.atake())
+
+    def __iter__(self):
+        try:
+            while (piece := self.take()) is not None:
+                if piece:
+                    yield piece
+        finally:
+            self.cancel()
+
+    def _feed(self, chunk: list[int] | None) -> str:
+        if chunk is None:
+            self.finish_reason = "length"
+            return self._new_text(final=True)
+        checked = max(0, len(self.text) - self._hold)  # where a stop string may start that was not seen yet
+        self.text += self.vocab.decode(chunk)
+        self.tokens += len(chunk)
+        cut = min((i for i in (self.text.find(s, checked) for s in self.request.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            stop = min((s for s in self.request.stop if self.text.startswith(s, cut)), key=len)
+            self.tokens -= len(self.text) - cut - len(stop)
+            self.text, self.finish_reason = self.text[:cut], "stop"
+            self.stream.cancel()
+            return self._new_text(final=True)
+        return self._new_text(final=False)
+
+    def _new_text(self, final: bool) -> str:
+        end = len(self.text) if final else max(self._sent, len(self.text) - self._hold)
+        piece, self._sent = self.text[self._sent : end], end
+        return piece
