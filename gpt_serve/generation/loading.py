@@ -24,12 +24,9 @@ from pathlib import Path
 from ..models import model_path, read_config
 from ..vocab import FAST_TOKENIZER_FILE_NAME, VOCAB_FILE_NAME, CharVocab
 from .backend import Backend
+from .spec import BACKENDS, resolve_backend  # noqa: F401 (the table of backends, re-exported)
 from .threads import check_threads
 
-# key -> what the UI shows. The keys are what `gpt-serve generate --backend`, the demo and the APIs take.
-BACKENDS = {"torch": "PyTorch", "onnx": "ONNX Runtime fp32", "onnx-int8": "ONNX Runtime int8"}
-# other names a request may give a backend by (`resolve_backend`), on every surface
-BACKEND_ALIASES = {"pytorch": "torch", "onnx-fp32": "onnx", "onnxruntime": "onnx", "fp32": "onnx", "int8": "onnx-int8"}
 WEIGHTS_FILE_NAME = "model.safetensors"
 
 
@@ -46,22 +43,6 @@ class LoadedModel:
     @property
     def block_size(self) -> int:
         return int(self.backend.block_size)
-
-
-def resolve_backend(value: object) -> str:
-    """A backend key from a key, an alias (`BACKEND_ALIASES`) or a UI label, case-insensitive; `RequestError`
-    otherwise."""
-    if isinstance(value, str):
-        text = value.strip().lower()
-        for key, label in BACKENDS.items():
-            if text in (key, label.lower()):
-                return key
-        if text in BACKEND_ALIASES:
-            return BACKEND_ALIASES[text]
-    from .spec import RequestError, show_value
-
-    choices = ", ".join(f"{k!r} ({v})" for k, v in BACKENDS.items())
-    raise RequestError(f"backend must be one of {choices}, got {show_value(value)}", "backend")
 
 
 def check_backend_key(key: object) -> str:

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
-from .loading import BACKENDS, LoadedModel, load_backend, resolve_backend
+from .loading import BACKENDS, LoadedModel, load_backend
 from .scheduler import Request, Scheduler, torch_runner
-from .spec import RequestError, show_value
+from .spec import RequestError, resolve_backend, show_value
 
 logger = logging.getLogger(__name__)
 

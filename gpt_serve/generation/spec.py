@@ -42,6 +42,10 @@ from ..vocab import UNK_POLICIES
 from ..window import DEFAULT_WINDOW_MODE, WINDOW_MODES
 from .sampling import SamplingParams
 
+# key -> what a UI shows. The keys are what `gpt-serve generate --backend`, the demo and the APIs take.
+BACKENDS = {"torch": "PyTorch", "onnx": "ONNX Runtime fp32", "onnx-int8": "ONNX Runtime int8"}
+# other names a request may give a backend by (`resolve_backend`), on every surface
+BACKEND_ALIASES = {"pytorch": "torch", "onnx-fp32": "onnx", "onnxruntime": "onnx", "fp32": "onnx", "int8": "onnx-int8"}
 MAX_PROMPT_CHARS = 10_000
 MAX_NEW_TOKENS = 100_000
 MAX_SEED = 2**53 - 1
@@ -139,12 +143,24 @@ def check_value(name: str, value: Any, hi: float | None = None) -> Any:
             raise RequestError(f"{name} must be one of {list(f.choices)}, got {show_value(value)}", name)
         return value
     if f.kind == "backend":
-        from .loading import resolve_backend
-
         return resolve_backend(value)
     if not isinstance(value, str) or not value.strip():  # a model name, resolved by the server's registry
         raise RequestError(f"{name} must be a model name, got {show_value(value)}", name)
     return value.strip()
+
+
+def resolve_backend(value: Any) -> str:
+    """A backend key from a key, an alias (`BACKEND_ALIASES`) or a UI label, case-insensitive; `RequestError`
+    otherwise."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        for key, label in BACKENDS.items():
+            if text in (key, label.lower()):
+                return key
+        if text in BACKEND_ALIASES:
+            return BACKEND_ALIASES[text]
+    choices = ", ".join(f"{k!r} ({v})" for k, v in BACKENDS.items())
+    raise RequestError(f"backend must be one of {choices}, got {show_value(value)}", "backend")
 
 
 def _check_number(f: Field, value: Any, hi: float | None) -> int | float:
