@@ -8,7 +8,8 @@
 - `loading`: `load_backend`, the table of backend keys (`BACKENDS`), the checks every backend needs;
 - `engine`: the token loop (`generate_tokens`), text on top (`stream_text`, `generate_text`), window modes;
 - `sampling`: `SamplingParams` and the sampler, a pure function with an explicit RNG;
-- `torch_backend` (`TorchBackend`) and `onnx_backend` (`OnnxBackend`): what computes the logits;
+- `torch_backend` (`TorchBackend`) and `onnx_backend` (`OnnxBackend`): what computes the logits; the ONNX side's
+  graph loading and checks are `onnx_session`'s, its caches and decode batches `onnx_batches`';
 - `scheduler`: continuous batching, one decode loop for every request of a backend (`Scheduler`);
 - `registry`: a server's models by name, each (model, backend) loaded once with its scheduler (`ModelRegistry`).
 

@@ -21,14 +21,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..models import model_path, read_config
+from ..models import WEIGHTS_FILE_NAME, model_path, read_config
 from ..vocab import FAST_TOKENIZER_FILE_NAME, VOCAB_FILE_NAME, CharVocab
 from .engine import Backend
 from .threads import check_threads
 
 # key -> what the UI shows. The keys are what `gpt-serve generate --backend`, the demo and the APIs take.
 BACKENDS = {"torch": "PyTorch", "onnx": "ONNX Runtime fp32", "onnx-int8": "ONNX Runtime int8"}
-WEIGHTS_FILE_NAME = "model.safetensors"
 
 
 @dataclass(frozen=True)
