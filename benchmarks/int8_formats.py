@@ -38,14 +38,18 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
 from gpt_serve.generation import SamplingParams, generate_text  # noqa: E402
-from gpt_serve.generation.onnx_backend import (  # noqa: E402
-    FP32_FILE_NAME,
-    INT8_FILE_NAME,
+from gpt_serve.generation.onnx_backend import OnnxBackend  # noqa: E402
+from gpt_serve.models import model_path  # noqa: E402
+from gpt_serve.onnx_contract import (  # noqa: E402
+    ATTENTION_MASK_NAME,
+    INPLACE_FP32_FILE_NAME,
+    INPLACE_INT8_FILE_NAME,
+    INPUT_IDS_NAME,
     LOGITS_NAME,
-    OnnxBackend,
+    POSITION_IDS_NAME,
+    onnx_path,
     past_names,
 )
-from gpt_serve.models import model_path  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 OTHER_PROMPTS = ("JULIET:\nO Romeo", "First Citizen:", "KING RICHARD III:\nNow is the winter")
@@ -73,10 +77,10 @@ def variant_folder(source: Path, work: Path, name: str, make) -> Path:
     """A copy of the model folder whose `onnx/model_quantized.onnx` is the variant `make(fp32, dst)` writes, with the
     fp32 file's metadata (block_size, the vocabulary's hash: what OnnxBackend checks). Without the in-place decode
     graphs: every variant, the reference included, decodes on its Hugging Face layout graph."""
-    ignore = shutil.ignore_patterns("*.png", "metrics.jsonl", "decoder_inplace*.onnx")
+    ignore = shutil.ignore_patterns("*.png", "metrics.jsonl", INPLACE_FP32_FILE_NAME, INPLACE_INT8_FILE_NAME)
     folder = Path(shutil.copytree(source, work / name, ignore=ignore))
     if make is not None:
-        fp32, dst = source / "onnx" / FP32_FILE_NAME, folder / "onnx" / INT8_FILE_NAME
+        fp32, dst = onnx_path(source), onnx_path(folder, quantized=True)
         make(fp32, dst)
         variant = onnx.load(str(dst))
         onnx.helper.set_model_props(variant, {p.key: p.value for p in onnx.load(str(fp32)).metadata_props})
@@ -119,9 +123,9 @@ def rows_changed_by_batching(backend: OnnxBackend, batches=(2, 4, 16)) -> tuple[
     for rows in batches:
         shape = (rows, backend.n_head, past, backend.head_size)
         feeds = {
-            "input_ids": rng.integers(0, backend.vocab_size, (rows, 1)),
-            "attention_mask": np.ones((rows, past + 1), np.int64),
-            "position_ids": np.full((rows, 1), past, np.int64),
+            INPUT_IDS_NAME: rng.integers(0, backend.vocab_size, (rows, 1)),
+            ATTENTION_MASK_NAME: np.ones((rows, past + 1), np.int64),
+            POSITION_IDS_NAME: np.full((rows, 1), past, np.int64),
         }
         for name in past_names(backend.n_layer):
             feeds[name] = rng.standard_normal(shape).astype(np.float32)

@@ -31,8 +31,8 @@ import torch
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
 from gpt_serve.generation import SamplingParams, generate_tokens, load_backend
-from gpt_serve.generation.onnx_backend import onnx_path
 from gpt_serve.models import list_models, model_path
+from gpt_serve.onnx_contract import onnx_path
 
 # Run as a script, this folder is sys.path[0], and its other scripts (benchmarks/training.py) would shadow the
 # repository's packages of the same name: look in the repository root first.

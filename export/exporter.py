@@ -21,14 +21,13 @@ import torch
 
 from gpt_serve.corpus import train_val_split
 from gpt_serve.generation import load_backend
-from gpt_serve.generation.onnx_backend import (
+from gpt_serve.generation.onnx_session import load_session, weights_sha256
+from gpt_serve.onnx_contract import (
     FP32_FILE_NAME,
     INPLACE_FP32_FILE_NAME,
     INPLACE_INT8_FILE_NAME,
     INT8_FILE_NAME,
     ONNX_SUBDIR,
-    load_session,
-    weights_sha256,
 )
 from gpt_serve.vocab import CharVocab
 

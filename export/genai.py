@@ -20,7 +20,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from gpt_serve.generation.onnx_backend import INPUT_NAMES, LOGITS_NAME, PAST_NAME, PRESENT_NAME
+from gpt_serve.onnx_contract import INPUT_NAMES, LOGITS_NAME, PAST_NAME, PRESENT_NAME
 from gpt_serve.tokenization_chargpt import fast_tokenizer
 from gpt_serve.vocab import FAST_TOKENIZER_FILE_NAME, CharVocab
 

@@ -31,18 +31,32 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from gpt_serve import __version__
-from gpt_serve.generation.onnx_backend import (
+from gpt_serve.modeling_chargpt import CharGPTForCausalLM, causal_bias
+from gpt_serve.onnx_contract import (
+    ATTENTION_MASK_NAME,
+    BLOCK_SIZE_KEY,
+    CACHE_LENGTHS_NAME,
+    EXPORTER_VERSION_KEY,
+    FORMAT_KEY,
+    FORMAT_VERSION_KEY,
+    HEAD_SIZE_KEY,
     INPLACE_FORMAT,
     INPLACE_INPUT_NAMES,
+    INPUT_IDS_NAME,
     INPUT_NAMES,
     LOGITS_NAME,
+    N_HEAD_KEY,
+    N_LAYER_KEY,
     ONNX_FORMAT,
     ONNX_FORMAT_VERSION,
+    POSITION_IDS_NAME,
+    VOCAB_SHA256_KEY,
+    VOCAB_SIZE_KEY,
+    WEIGHTS_SHA256_KEY,
     cache_names,
     past_names,
     present_names,
 )
-from gpt_serve.modeling_chargpt import CharGPTForCausalLM, causal_bias
 from gpt_serve.vocab import CharVocab
 
 # Opset 17 is the first with a LayerNormalization op (one node instead of seven per LayerNorm) and is read by
@@ -192,8 +206,8 @@ def inplace_example_inputs(model: CharGPTForCausalLM) -> tuple[torch.Tensor, ...
 
 
 def inplace_dynamic_axes(n_layer: int) -> dict[str, dict[int, str]]:
-    axes = {name: {0: BATCH, 1: SEQUENCE} for name in ("input_ids", "position_ids")}
-    axes.update({name: {0: BATCH} for name in ("cache_lengths", LOGITS_NAME)})
+    axes = {name: {0: BATCH, 1: SEQUENCE} for name in (INPUT_IDS_NAME, POSITION_IDS_NAME)}
+    axes.update({name: {0: BATCH} for name in (CACHE_LENGTHS_NAME, LOGITS_NAME)})
     axes.update({name: {0: BATCH, 2: COLUMNS} for name in (*cache_names(n_layer), *present_names(n_layer))})
     return axes
 
@@ -212,9 +226,9 @@ def example_inputs(model: CharGPTForCausalLM) -> tuple[torch.Tensor, ...]:
 
 def dynamic_axes(n_layer: int) -> dict[str, dict[int, str]]:
     axes = {
-        "input_ids": {0: BATCH, 1: SEQUENCE},
-        "attention_mask": {0: BATCH, 1: TOTAL},
-        "position_ids": {0: BATCH, 1: SEQUENCE},
+        INPUT_IDS_NAME: {0: BATCH, 1: SEQUENCE},
+        ATTENTION_MASK_NAME: {0: BATCH, 1: TOTAL},
+        POSITION_IDS_NAME: {0: BATCH, 1: SEQUENCE},
         LOGITS_NAME: {0: BATCH, 1: SEQUENCE},
     }
     axes.update({name: {0: BATCH, 2: PAST} for name in past_names(n_layer)})
@@ -255,14 +269,15 @@ def export_inplace_fp32(model: CharGPTForCausalLM, path: Path, values: dict[str,
     inputs, outputs = [*INPLACE_INPUT_NAMES, *cache_names(n_layer)], [LOGITS_NAME, *present_names(n_layer)]
     axes = inplace_dynamic_axes(n_layer)
     example = inplace_example_inputs(model)
-    fix = functools.partial(_inplace_output_shapes, vocab_size=model.config.vocab_size)
+    fix = functools.partial(_inplace_output_shapes, n_layer=n_layer, vocab_size=model.config.vocab_size)
     _trace(model, DecoderInPlace, example, inputs, outputs, axes, path, values, opset, fix)
 
 
-def _inplace_output_shapes(proto: onnx.ModelProto, vocab_size: int) -> None:
+def _inplace_output_shapes(proto: onnx.ModelProto, n_layer: int, vocab_size: int) -> None:
     """The in-place graph's output shapes: `logits` (batch_size, vocab) and each `present.*` its `cache.*` input's
     (ONNX has no shape function for ONNX Runtime's GroupQueryAttention, so nothing after it gets named dims)."""
     inputs = {i.name: i for i in proto.graph.input}
+    cache_of = dict(zip(present_names(n_layer), cache_names(n_layer), strict=True))
     for output in proto.graph.output:
         shape = output.type.tensor_type.shape
         if output.name == LOGITS_NAME:
@@ -270,7 +285,7 @@ def _inplace_output_shapes(proto: onnx.ModelProto, vocab_size: int) -> None:
             shape.dim.add().dim_param = BATCH
             shape.dim.add().dim_value = vocab_size
         else:
-            shape.CopyFrom(inputs[output.name.replace("present.", "cache.", 1)].type.tensor_type.shape)
+            shape.CopyFrom(inputs[cache_of[output.name]].type.tensor_type.shape)
 
 
 def _trace(model, wrapper, example, input_names, output_names, axes, path: Path, values, opset: int, fix=None) -> None:
@@ -383,7 +398,7 @@ def quantize_int8(src: Path, dst: Path) -> None:
     A quarter of the fp32 file. ONNX Runtime fuses each pair into its int8 `MatMulNBits` kernel (weights stay int8
     in memory, activations quantized per block of a row, so a row's result does not depend on the other rows); the
     in-browser page has onnxruntime-web fold them into fp32 weights at load, and `OnnxBackend(..., int8_compute=
-    False)` does the same natively (see `onnx_backend.session_options`). ONNX Runtime's dynamic quantization (one
+    False)` does the same natively (see `onnx_session.session_options`). ONNX Runtime's dynamic quantization (one
     activation scale per tensor) was as fast but made a row's tokens depend on the batch and split the page's tokens
     from Python's at near ties: `benchmarks/int8_formats.py` compares the formats. The embedding tables (Gather) stay
     fp32 (under 3% of the weights).
@@ -435,21 +450,21 @@ def metadata(
     if config.vocab_size != len(vocab):
         raise ValueError(f"the model has {config.vocab_size} token rows but the vocabulary {len(vocab)} characters")
     return {
-        "format": INPLACE_FORMAT if inplace else ONNX_FORMAT,
-        "format_version": ONNX_FORMAT_VERSION,
-        "exporter_version": EXPORTER_VERSION,
+        FORMAT_KEY: INPLACE_FORMAT if inplace else ONNX_FORMAT,
+        FORMAT_VERSION_KEY: ONNX_FORMAT_VERSION,
+        EXPORTER_VERSION_KEY: EXPORTER_VERSION,
         "exporter": EXPORTER,
         "torch_version": torch.__version__,
         "opset": str(opset),
         "weights": weights,
         "model_type": config.model_type,
-        "block_size": str(config.block_size),
-        "vocab_size": str(config.vocab_size),
-        "vocab_sha256": vocab.sha256,
-        "weights_sha256": source_sha256 or "",
-        "n_layer": str(config.n_layer),
-        "n_head": str(config.n_head),
-        "head_size": str(config.head_size),
+        BLOCK_SIZE_KEY: str(config.block_size),
+        VOCAB_SIZE_KEY: str(config.vocab_size),
+        VOCAB_SHA256_KEY: vocab.sha256,
+        WEIGHTS_SHA256_KEY: source_sha256 or "",
+        N_LAYER_KEY: str(config.n_layer),
+        N_HEAD_KEY: str(config.n_head),
+        HEAD_SIZE_KEY: str(config.head_size),
         "n_embd": str(config.n_embd),
     }
 

@@ -3,7 +3,7 @@
 `compare_with_torch` runs the Hugging Face layout graph through a plain `InferenceSession` (not `OnnxBackend`), so
 it checks the file itself: output names, shapes and values on a left-padded batch, for a prefill from an empty past
 and several decode steps that feed each side's own cache back in. `compare_inplace_with_torch` does the same for
-the in-place graph, bound as the backend binds it (`onnx_backend.run_inplace`), on rows prefilled alone and then
+the in-place graph, bound as the backend binds it (`onnx_session.run_inplace`), on rows prefilled alone and then
 decoded together; `compare_inplace_with_main` checks an in-place graph against its Hugging Face layout twin.
 """
 
@@ -19,14 +19,9 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from gpt_serve.generation.engine import left_pad
-from gpt_serve.generation.onnx_backend import (
-    INPUT_NAMES,
-    LOGITS_NAME,
-    past_names,
-    present_names,
-    run_inplace,
-)
+from gpt_serve.generation.onnx_session import run_inplace
 from gpt_serve.modeling_chargpt import CharGPTForCausalLM
+from gpt_serve.onnx_contract import INPUT_NAMES, LOGITS_NAME, PRESENT_NAME, past_names, present_names
 
 FP32_LOGITS_ATOL = 1e-4
 # int8 quantization may raise the validation loss by at most this much (nats per character). It is the
@@ -101,7 +96,8 @@ def compare_with_torch(
             )
         torch_out = {LOGITS_NAME: out.logits.float().numpy()}
         for i, layer in enumerate(out.cache.layers[:n_layer]):
-            torch_out[f"present.{i}.key"], torch_out[f"present.{i}.value"] = layer.keys.numpy(), layer.values.numpy()
+            for kind, value in (("key", layer.keys), ("value", layer.values)):
+                torch_out[PRESENT_NAME.format(layer=i, kind=kind)] = value.numpy()
 
         result.shape_errors += _shape_errors(step, expected_outputs, ort_out, torch_out)
         if result.shape_errors:
@@ -229,7 +225,7 @@ def compare_inplace_with_main(
     worst = 0.0
     for length in (min(n, config.block_size) for n in lengths):
         prompt = rng.integers(0, config.vocab_size, (1, length))
-        feeds = {"input_ids": prompt, "attention_mask": np.ones_like(prompt), "position_ids": np.arange(length)[None]}
+        feeds = dict(zip(INPUT_NAMES, (prompt, np.ones_like(prompt), np.arange(length)[None]), strict=True))
         feeds.update({name: np.zeros((1, H, 0, hs), np.float32) for name in past_names(n_layer)})
         (expected,) = main.run([LOGITS_NAME], feeds)
         buffers = [np.zeros((1, H, config.block_size, hs), np.float32) for _ in range(2 * n_layer)]
@@ -261,11 +257,8 @@ def onnx_val_loss(
         x, y = chunk[:, :-1], chunk[:, 1:]
         B, T = x.shape
         empty = np.zeros((B, n_head, 0, head_size), dtype=np.float32)
-        feeds = {
-            "input_ids": x,
-            "attention_mask": np.ones((B, T), dtype=np.int64),
-            "position_ids": np.broadcast_to(np.arange(T, dtype=np.int64), (B, T)).copy(),
-        }
+        positions = np.broadcast_to(np.arange(T, dtype=np.int64), (B, T)).copy()
+        feeds = dict(zip(INPUT_NAMES, (x, np.ones((B, T), dtype=np.int64), positions), strict=True))
         feeds.update({name: empty for name in past_names(n_layer)})
         (logits,) = session.run([LOGITS_NAME], feeds)  # (B, T, V)
         z = logits.astype(np.float64)

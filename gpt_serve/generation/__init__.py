@@ -15,6 +15,8 @@
 - `text`: the one text stream (`TextStream`: encode, submit, decode with stop strings, cancel);
 - `engine`: the same for a script (`generate_tokens`, `stream_text`, `generate_text`), stepped on its thread;
 - `sampling`: `SamplingParams` and the sampler, a pure function with an explicit RNG;
+- the ONNX side: graph loading and checks in `onnx_session`, caches and decode batches in `onnx_batches`, the graph
+  contract the export writes in `gpt_serve.onnx_contract`;
 - `registry`: a server's models by name, each (model, backend) loaded once with its scheduler (`ModelRegistry`).
 The window rule past `block_size` is `gpt_serve.window`, shared with the transformers model.
 

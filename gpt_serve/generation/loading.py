@@ -21,13 +21,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..models import model_path, read_config
+from ..models import WEIGHTS_FILE_NAME, model_path, read_config
 from ..vocab import FAST_TOKENIZER_FILE_NAME, VOCAB_FILE_NAME, CharVocab
 from .backend import Backend
 from .spec import BACKENDS, resolve_backend  # noqa: F401 (the table of backends, re-exported)
 from .threads import check_threads
-
-WEIGHTS_FILE_NAME = "model.safetensors"
 
 
 @dataclass(frozen=True)

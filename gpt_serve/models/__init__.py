@@ -19,6 +19,7 @@ from typing import Any
 MODELS_DIR = Path(__file__).resolve().parent
 DEFAULT_MODEL = "shakespeare"
 CONFIG_FILE_NAME = "config.json"
+WEIGHTS_FILE_NAME = "model.safetensors"
 MODEL_TYPE = "chargpt"
 # The lesson's ladder, shipped as `ladder-a` .. `ladder-e`: what each stage adds to the one before
 # (the training presets and the demo's comparison both show it).
