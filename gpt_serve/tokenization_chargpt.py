@@ -22,18 +22,13 @@ from .vocab import FAST_TOKENIZER_FILE_NAME, UNK_POLICIES, VOCAB_FILE_NAME, Char
 PAD_TOKEN = "<pad>"
 
 
-def fast_tokenizer(vocab: CharVocab, model: str = "word_level") -> Tokenizer:
+def fast_tokenizer(vocab: CharVocab) -> Tokenizer:
     """`vocab` as a `tokenizers.Tokenizer` with the same ids (and `<pad>` after the characters).
 
-    `model="word_level"` (what `tokenizer.json` holds) fails on a character outside the vocabulary;
-    `model="bpe"` (a BPE without merges: the form onnxruntime-genai's tokenizer reads) drops it silently.
+    A `WordLevel` model (what `tokenizer.json` holds): a character outside the vocabulary fails. onnxruntime-genai
+    rejects this form; the export writes it a byte-level BPE over the same ids (`onnx/tokenizer.json`).
     """
-    if model == "word_level":
-        tokenizer = Tokenizer(models.WordLevel(vocab=dict(vocab.stoi), unk_token=None))
-    elif model == "bpe":
-        tokenizer = Tokenizer(models.BPE(vocab=dict(vocab.stoi), merges=[]))
-    else:
-        raise ValueError(f"model must be 'word_level' or 'bpe', got {model!r}")
+    tokenizer = Tokenizer(models.WordLevel(vocab=dict(vocab.stoi), unk_token=None))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")  # one piece per character
     tokenizer.decoder = decoders.Fuse()  # join the pieces without spaces
     tokenizer.add_special_tokens([PAD_TOKEN])

@@ -3,13 +3,39 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
-from export.genai import GENAI_CONFIG_FILE_NAME, rarest_id
+from export.genai import GENAI_CONFIG_FILE_NAME, genai_tokenizer, rarest_id, write_genai_tokenizer
 from gpt_serve.generation import SamplingParams, generate_text, load_backend
-from gpt_serve.models import model_path
+from gpt_serve.models import list_models, model_path
 from gpt_serve.vocab import CharVocab
+
+# Spaces, newlines and punctuation: the characters the first BPE-form tokenizer encoded as -1 or crashed on.
+MIXED = "a b\nc d, e"
+UNKNOWN = ["é", "a€ b😀c", "\tcafé\r\n", "<pad>"]  # 2-, 3- and 4-byte characters, ASCII outside the vocabulary
+
+
+def genai():
+    return pytest.importorskip(
+        "onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install onnxruntime-genai)"
+    )
+
+
+@pytest.fixture(scope="module")
+def shakespeare_tokenizer():
+    og = genai()
+    return og.Tokenizer(og.Model(str(model_path("shakespeare") / "onnx")))
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return [int(i) for i in tokenizer.encode(text)]
+
+
+def stream_decode(tokenizer, ids: list[int]) -> str:
+    stream = tokenizer.create_stream()
+    return "".join(stream.decode(i) for i in ids)
 
 
 def test_the_export_writes_genai_files_that_describe_the_graph(exported_dir):
@@ -22,29 +48,98 @@ def test_the_export_writes_genai_files_that_describe_the_graph(exported_dir):
     assert (model["vocab_size"], model["context_length"]) == (config.vocab_size, config.block_size)
     assert model["decoder"]["head_size"] * model["decoder"]["num_attention_heads"] == config.n_embd
     assert 0 <= model["eos_token_id"] < config.vocab_size
-    assert (exported_dir / "onnx" / "tokenizer.json").is_file()
+    vocab = CharVocab.from_file(exported_dir / "vocab.json")
+    assert json.loads((exported_dir / "onnx" / "tokenizer.json").read_text("utf-8")) == genai_tokenizer(vocab)
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_shipped_folder_has_the_tokenizer_the_writer_writes_now(name):
+    folder = model_path(name)
+    want = genai_tokenizer(CharVocab.from_file(folder / "vocab.json"))
+    assert json.loads((folder / "onnx" / "tokenizer.json").read_text("utf-8")) == want
 
 
 def test_the_eos_id_is_the_rarest_character_of_the_training_text(corpus):
-    vocab = CharVocab.from_text(corpus)
+    vocab = CharVocab.from_file(model_path("shakespeare") / "vocab.json")
     assert vocab.chars[rarest_id(vocab, corpus)] == "$"  # once in Tiny Shakespeare
     assert rarest_id(vocab, None) == len(vocab) - 1
 
 
-@pytest.mark.parametrize("name", ["shakespeare", "ladder-d"])
-def test_onnxruntime_genai_gives_our_greedy_tokens_inside_the_window(name):
-    og = pytest.importorskip(
-        "onnxruntime_genai", reason="onnxruntime-genai is not installed (pip install onnxruntime-genai)"
-    )
+def test_genai_encodes_every_vocabulary_character_to_its_id(shakespeare_tokenizer):
+    vocab = CharVocab.from_file(model_path("shakespeare") / "vocab.json")
+    assert len(vocab) == 65 and {"\n", " "} <= set(vocab.chars)
+    for i, c in enumerate(vocab.chars):
+        assert encode(shakespeare_tokenizer, c) == [i], repr(c)
+        assert shakespeare_tokenizer.decode([i]) == c
+    every = "".join(vocab.chars)
+    assert encode(shakespeare_tokenizer, every) == list(range(len(vocab)))
+    assert shakespeare_tokenizer.decode(list(range(len(vocab)))) == every
+    assert stream_decode(shakespeare_tokenizer, list(range(len(vocab)))) == every
+
+
+def test_genai_encodes_text_with_spaces_newlines_and_punctuation_as_we_do(shakespeare_tokenizer, corpus):
+    vocab = CharVocab.from_file(model_path("shakespeare") / "vocab.json")
+    start = corpus.index("ROMEO:")
+    for text in [MIXED, "  two  spaces\n\n\nand blank lines ", corpus[:400], corpus[start : start + 400]]:
+        ids = encode(shakespeare_tokenizer, text)
+        assert ids == vocab.encode(text), repr(text)
+        assert shakespeare_tokenizer.decode(ids) == text
+        assert stream_decode(shakespeare_tokenizer, ids) == text
+
+
+@pytest.mark.parametrize("text", UNKNOWN)
+def test_genai_replaces_each_unknown_character_with_one_space(shakespeare_tokenizer, text):
+    vocab = CharVocab.from_file(model_path("shakespeare") / "vocab.json")
+    ids = encode(shakespeare_tokenizer, text)
+    assert ids == vocab.encode(text, unk_policy="replace")  # the core's opt-in policy, not a crash or -1
+    assert shakespeare_tokenizer.decode(ids) == vocab.clean(text, unk_policy="replace")
+
+
+def test_genai_reads_multi_byte_vocabulary_characters_and_another_replacement(tmp_path):
+    og = genai()
+    shakespeare = CharVocab.from_file(model_path("shakespeare") / "vocab.json")
+    cases = [CharVocab([*shakespeare.chars, *"éè—😀"]), CharVocab([c for c in shakespeare.chars if c != " "])]
+    for n, vocab in enumerate(cases):
+        folder = shutil.copytree(model_path("shakespeare") / "onnx", tmp_path / str(n), ignore=ignore_extra_graphs)
+        write_genai_tokenizer(folder, vocab)
+        tokenizer = og.Tokenizer(og.Model(str(folder)))
+        for text in ["café è—😀 x", "ã€ b\n", MIXED]:
+            ids = encode(tokenizer, text)
+            assert ids == vocab.encode(text, unk_policy="replace"), (vocab.unk_replacement, text)
+            assert tokenizer.decode(ids) == vocab.clean(text, unk_policy="replace")
+
+
+def ignore_extra_graphs(folder, names):
+    return [name for name in names if name.endswith(".onnx") and name != "model_quantized.onnx"]
+
+
+def test_tokenizers_reads_the_genai_file_with_the_same_ids():
+    """The file is genai's, but the `tokenizers` library agrees with it for an ASCII vocabulary (the shipped one)."""
+    from tokenizers import Tokenizer
+
+    folder = model_path("shakespeare")
+    vocab = CharVocab.from_file(folder / "vocab.json")
+    tokenizer = Tokenizer.from_file(str(folder / "onnx" / "tokenizer.json"))
+    for text in [MIXED, "".join(vocab.chars), *UNKNOWN]:
+        ids = tokenizer.encode(text).ids
+        assert ids == vocab.encode(text, unk_policy="replace"), repr(text)
+        assert tokenizer.decode(ids) == vocab.clean(text, unk_policy="replace")
+
+
+@pytest.mark.parametrize(
+    ("name", "prompt"),
+    [("shakespeare", "ROMEO:"), ("ladder-d", "ROMEO:"), ("shakespeare", MIXED), ("ladder-d", MIXED[:5])],
+)  # ladder-d's window (block_size) is 8 characters
+def test_onnxruntime_genai_gives_our_greedy_text_inside_the_window(name, prompt):
+    og = genai()
     folder = model_path(name)
     loaded = load_backend(name, "onnx-int8", threads=1)
-    prompt = "ROMEO:"
     n = loaded.block_size - len(prompt)  # genai stops at block_size
     want = generate_text(loaded.backend, loaded.vocab, prompt, n, SamplingParams(temperature=0.0))
 
     model = og.Model(str(folder / "onnx"))
     tokenizer = og.Tokenizer(model)
-    ids = [int(i) for i in tokenizer.encode(prompt)]
+    ids = encode(tokenizer, prompt)
     assert ids == loaded.vocab.encode(prompt)
     params = og.GeneratorParams(model)
     params.set_search_options(do_sample=False, max_length=loaded.block_size)
