@@ -60,6 +60,8 @@ def sample_rows(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.
     """`sample_next` for rows that each have their own settings and RNG: row b gets exactly the token that
     `sample_next(logits[b:b+1], params[b], rngs[b])` gives (the same operations, one uniform number from its own RNG),
     computed for all rows that share settings at once."""
+    if len(params) == 1:  # a request alone (a script's prompt): no grouping to pay for
+        return sample_next(logits, params[0], rngs[0]).astype(np.int64)
     tokens = np.zeros(len(params), dtype=np.int64)
     groups: dict[SamplingParams, list[int]] = {}
     for b, p in enumerate(params):
