@@ -35,17 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-CHROMIUM = "/usr/bin/chromium"
-# headless, offline, no first-run work (tests/demo/conftest.py launches the tests' browser the same way)
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from tests.helpers import CHROMIUM, CHROMIUM_FLAGS  # noqa: E402 (the browser tests launch it the same way)
 
 
 def free_port() -> int:

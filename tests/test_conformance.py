@@ -28,6 +28,7 @@ from gpt_serve.generation.spec import MAX_SEED, parse_request
 from gpt_serve.generation.text import TextStream, encode_prompt
 from gpt_serve.models import MODELS_DIR, model_path
 from gpt_serve.window import window_keep, window_start
+from tests.helpers import genai_greedy
 
 MODEL = "shakespeare"
 BACKENDS = ("torch", "onnx", "onnx-int8")
@@ -332,15 +333,7 @@ def genai(case, loaded):
     tokenizer = og.Tokenizer(model)
     prompt = f.get("prompt", "")
     ids = [int(i) for i in tokenizer.encode(prompt)] if prompt else [0]  # the empty prompt: after a newline
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=len(ids) + f["max_new_tokens"])
-    generator = og.Generator(model, params)
-    generator.append_tokens(ids)
-    out = []
-    while not generator.is_done():
-        generator.generate_next_token()
-        out.append(int(generator.get_next_tokens()[0]))
-    return tokenizer.decode(out)
+    return tokenizer.decode(genai_greedy(og, model, ids, len(ids) + f["max_new_tokens"]))
 
 
 def genai_reference(case, loaded):

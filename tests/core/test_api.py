@@ -12,6 +12,7 @@ import pytest
 
 from gpt_serve.generation import SamplingParams, generate_text
 from gpt_serve.generation.registry import ModelRegistry
+from tests.helpers import wait_until
 
 
 def free_port() -> int:
@@ -142,25 +143,16 @@ def test_a_full_queue_is_a_429_and_a_client_that_leaves_frees_its_row(api):
             responses.append(streams[-1].__enter__())
             assert responses[-1].status_code == 200
             expected = {"active": active, "waiting": waiting}
-            assert wait_for(lambda e=expected: {k: scheduler.stats()[k] for k in e} == e), scheduler.stats()
+            assert wait_until(lambda e=expected: {k: scheduler.stats()[k] for k in e} == e), scheduler.stats()
         with pytest.raises(openai.RateLimitError, match="server busy"):
             client.completions.create(model="tiny", prompt="x", max_tokens=2)
         next(responses[0].iter_lines())
         for s in streams:  # the clients go away mid-stream
             s.__exit__(None, None, None)
-    assert wait_for(lambda: scheduler.stats()["active"] == 0 and scheduler.stats()["waiting"] == 0)
+    assert wait_until(lambda: scheduler.stats()["active"] == 0 and scheduler.stats()["waiting"] == 0)
     steps = scheduler.stats()["steps"]
     time.sleep(0.1)
     assert scheduler.stats()["steps"] == steps  # no forward pass for them any more
     metrics = httpx.get(f"{url}/metrics").text
     assert 'gpt_serve_active_rows{backend="torch",model="tiny"} 0.0' in metrics
     assert "gpt_serve_time_to_first_token_seconds_count" in metrics
-
-
-def wait_for(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return bool(condition())

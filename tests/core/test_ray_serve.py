@@ -23,6 +23,7 @@ import yaml
 from gpt_serve.cli import main
 from gpt_serve.generation.registry import ModelRegistry
 from gpt_serve.ray_serve import RayServeOptions
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "ray-serve.yaml"
@@ -120,7 +121,7 @@ def test_two_replicas_share_32_concurrent_streams(tmp_path):
     try:
         # ready once every replica is (Serve's proxy answers /health as soon as one is)
         ready = "2 Ray Serve replicas; Ctrl-C stops"
-        assert wait_for(lambda: ready in log.read_text() or server.poll() is not None, timeout=180), log.read_text()
+        assert wait_until(lambda: ready in log.read_text() or server.poll() is not None, timeout=180), log.read_text()
         assert server.poll() is None and _healthy(url), log.read_text()[-3000:]
         started = _descendants(server.pid)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
@@ -157,11 +158,11 @@ def test_two_replicas_share_32_concurrent_streams(tmp_path):
                     assert time.monotonic() - start < 10
                     opened[response.headers["x-gpt-serve-replica"]] += 1
                 assert len(opened) == 2, opened
-            assert wait_for(lambda: rows.are(dict.fromkeys(opened, 0))), rows.seen  # the clients left: rows freed
+            assert wait_until(lambda: rows.are(dict.fromkeys(opened, 0))), rows.seen  # the clients left: rows freed
         started |= _descendants(server.pid)
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 0, log.read_text()[-3000:]
-        assert wait_for(lambda: not [p for p in started if _alive(p)], timeout=30), [p for p in started if _alive(p)]
+        assert wait_until(lambda: not [p for p in started if _alive(p)], timeout=30), [p for p in started if _alive(p)]
     finally:  # after a failure: whatever is left of what this test started
         for pid in [*(started | _descendants(server.pid)), server.pid]:
             if _alive(pid):
@@ -173,15 +174,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
 
 
 def _healthy(url: str) -> bool:

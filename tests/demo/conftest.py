@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import socket
 from contextlib import contextmanager
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from tests.helpers import CHROMIUM, CHROMIUM_FLAGS, wait_until  # noqa: F401 (wait_until: for the demo tests)
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home from tests
 
@@ -109,18 +110,6 @@ def handlers(registry):
     return demo.handlers
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
 @pytest.fixture(scope="module")
 def chromium():
     """Debian's headless Chromium driven by Playwright for Python (never `playwright install`)."""
@@ -131,18 +120,6 @@ def chromium():
         browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
         yield browser
         browser.close()
-
-
-def wait_until(condition, timeout: float, interval: float = 0.02) -> bool:
-    """Polls `condition()` until it is true or `timeout` seconds pass; returns its last value."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return bool(condition())
 
 
 def wait_idle(activity, timeout: float = 5.0) -> None:

@@ -11,6 +11,7 @@ from export.genai import GENAI_CONFIG_FILE_NAME, genai_tokenizer, rarest_id, wri
 from gpt_serve.generation import SamplingParams, generate_text, load_backend
 from gpt_serve.models import list_models, model_path
 from gpt_serve.vocab import CharVocab
+from tests.helpers import genai_greedy
 
 # Spaces, newlines and punctuation: the characters the first BPE-form tokenizer encoded as -1 or crashed on.
 MIXED = "a b\nc d, e"
@@ -141,12 +142,5 @@ def test_onnxruntime_genai_gives_our_greedy_text_inside_the_window(name, prompt)
     tokenizer = og.Tokenizer(model)
     ids = encode(tokenizer, prompt)
     assert ids == loaded.vocab.encode(prompt)
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=loaded.block_size)
-    generator = og.Generator(model, params)
-    generator.append_tokens(ids)
-    out = []
-    while not generator.is_done():
-        generator.generate_next_token()
-        out.append(int(generator.get_next_tokens()[0]))
+    out = genai_greedy(og, model, ids, loaded.block_size)
     assert tokenizer.decode(out) == want and len(out) == n

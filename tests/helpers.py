@@ -1,0 +1,41 @@
+"""Small helpers several test modules (and the browser benchmarks) share."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+# Debian's Chromium, launched headless and offline, with no first-run work (the browser tests and the benchmarks)
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def wait_until(condition, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Polls `condition()` until it is true or `timeout` seconds pass; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return bool(condition())
+
+
+def genai_greedy(og, model, ids: list[int], max_length: int) -> list[int]:
+    """onnxruntime-genai's own greedy loop from prompt `ids` up to `max_length` tokens in all (prompt included)."""
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=max_length)
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids)
+    out = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        out.append(int(generator.get_next_tokens()[0]))
+    return out
