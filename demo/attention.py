@@ -3,8 +3,8 @@
 Row t of head h's map is where query position t looks: weights over key positions 0..t (the "communication" of
 the lesson's self-attention), lower-triangular, summing to 1. The prompt's characters label both axes (query
 down, key across; every k-th one when they don't fit), and a colour scale says what a colour means. A lookup into
-matplotlib's colormap and a few PIL text draws take ~10-30 ms, so the view can follow every generation without
-slowing the stream (a matplotlib figure takes ~150 ms).
+matplotlib's colormap and a few PIL text draws are several times cheaper than a matplotlib figure (docs/benchmarks.md,
+"Figures behind design choices"), so the view can follow every generation without slowing the stream.
 
 The image is RGBA on a transparent background, so it sits on the page's own background in light and dark themes:
 text is mid grey, and masked (future) positions are a translucent grey.

@@ -5,7 +5,7 @@ Exporter choice: the TorchScript-based exporter (`torch.onnx.export(..., dynamo=
 pinned torch 2.13 both exporters produce a correct KV-cache decoder (see FIELD-NOTES), but this one
   - names the dynamic dimensions as we ask (`batch_size`, `sequence_length`, `past_sequence_length`); dynamo
     writes expressions (`s0 + s1`) for output dims that would need renaming afterwards;
-  - writes one self-contained file (~1 s for the 10.8M model), where dynamo takes ~20 s and splits the weights
+  - writes one self-contained file, many times faster than dynamo (docs/benchmarks.md), which splits the weights
     into `model.onnx.data` by default, which is awkward to ship inside a wheel next to `config.json`.
 The cost: tracing records the Python control flow taken for the example inputs. The model branches on its
 inputs in two places (it drops an all-ones `attention_mask`, and chooses SDPA's `is_causal` when there is no
@@ -244,8 +244,8 @@ def eager_attention(model: CharGPTForCausalLM):
     Transpose), which ONNX Runtime fuses. The SDPA path would trace to `aten::scaled_dot_product_attention`, whose
     translation derives the scale from the query's runtime shape (seven scalar nodes per layer, not folded while
     the batch and sequence dims are dynamic), and transformers' SDPA wrapper adds a runtime-shaped Reshape per
-    layer: at batch 1 a decode step is a few hundred tiny nodes, so each one costs (decode of the 10.8M lesson
-    model went from 487 to 584 tokens/s fp32 with the constant scale). Same math, checked by `export.validate`.
+    layer: at batch 1 a decode step is a few hundred tiny nodes, so each one costs (docs/benchmarks.md, "Figures
+    behind design choices"). Same math, checked by `export.validate`.
     """
     previous = model.config._attn_implementation
     model.set_attn_implementation("eager")

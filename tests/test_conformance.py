@@ -92,6 +92,24 @@ CASES = [
     ),
     Case("top_p at its edge", dict(prompt="ROMEO:", temperature=1, top_p=1, seed=2, max_new_tokens=20)),
     Case("top_p past its edge", dict(prompt="ROMEO:", top_p=0), refusal="top_p must be a number in (0, 1], got 0"),
+    Case("top_k at its edge", dict(prompt="ROMEO:", temperature=1, top_k=1_000_000, seed=4, max_new_tokens=20)),
+    Case(
+        "top_k past its edge",
+        dict(prompt="ROMEO:", top_k=1_000_001),
+        refusal="top_k must be an integer in [0, 1000000] (0 = no limit), got 1000001",
+    ),
+    Case("a prompt at its limit", dict(prompt=("ROMEO: " * 1500)[:10_000], **G)),
+    Case(
+        "a prompt past its limit",
+        dict(prompt="R" * 10_001),
+        refusal="prompt is 10,001 characters long; the limit is 10,000",
+    ),
+    Case(
+        "five stop strings",
+        dict(prompt="ROMEO:", stop=["a", "b", "c", "d", "e"]),
+        refusal="stop must be a string or a list of at most 4 non-empty strings",
+        surfaces_without=("demo",),
+    ),
     Case("seed 0", dict(prompt="ROMEO:", temperature=1, seed=0, max_new_tokens=20)),
     Case("the largest seed", dict(prompt="ROMEO:", temperature=1, seed=MAX_SEED, max_new_tokens=20)),
     Case(

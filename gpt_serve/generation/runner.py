@@ -25,10 +25,10 @@ class Runner:
 
     Why PyTorch models share one (`torch_runner()`): PyTorch's CPU ops run on OpenMP (libgomp) thread teams, one
     team per thread that has run a parallel op, kept for the thread's life. Once the teams' threads outnumber the
-    CPUs, libgomp stops letting them spin between ops and every op waits for its team to be woken: on the 2-core
-    development machine the idle 2-thread team of the thread that loaded the model made a decode step of the
-    shipped model on another thread 1.7-3x slower (`benchmarks/decode_threads.py`: 2.99 against 0.92 ms at one
-    row, 5.50 against 3.15 ms at 16). So every PyTorch model of a process is loaded and decoded on one thread.
+    CPUs, libgomp stops letting them spin between ops and every op waits for its team to be woken: the idle team of
+    the thread that loaded a model makes a decode step on another thread several times slower
+    (`benchmarks/decode_threads.py`; docs/benchmarks.md, "One thread for every PyTorch model"). So every PyTorch
+    model of a process is loaded and decoded on one thread.
     ONNX Runtime sessions have their own thread pools: each of their schedulers gets a runner of its own.
 
     `stop()` ends the loops it runs (their requests end with an error) after the current iteration. At interpreter

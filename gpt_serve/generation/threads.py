@@ -1,7 +1,7 @@
 """How many threads a forward pass may use: at most the CPUs this process may run on.
 
 More intra-op threads than CPUs never helps and can cost dearly: the threads of one OpenMP or ONNX Runtime pool
-wait for each other at every operator (`--threads 10000` once made a 4 s run take 71 s), so every entry point
+wait for each other at every operator (docs/benchmarks.md, "Figures behind design choices"), so every entry point
 checks the count here. Torch-free.
 """
 

@@ -19,10 +19,9 @@ class DecodeLinear(nn.Module):
     Decoding multiplies one row by each weight matrix, which is bound by reading the weights from memory. On CPU,
     `F.linear` runs that product as a single-threaded matrix-vector product; splitting the (out, in) weight into
     `chunks` blocks of rows and multiplying them as one batched product (`torch.bmm`, vector broadcast over the
-    batch) streams the weights on every thread. Measured on the lesson-size model's matrices (torch 2.13's MKL
-    build, an AMD EPYC, 2 threads, weights not in cache): 3.7 ms -> 1.2 ms per token for all of them;
-    `benchmarks/decode_floor.py` measures it on your machine. Same numbers up to float rounding. Prefill and
-    larger batches (more than `max_rows` rows) take `F.linear`, which is faster there.
+    batch) streams the weights on every thread (`benchmarks/decode_floor.py` measures both on your machine; figures in
+    docs/benchmarks.md). Same numbers up to float rounding. Prefill and larger batches (more than `max_rows` rows)
+    take `F.linear`, which is faster there.
     """
 
     max_rows = 8
@@ -62,8 +61,8 @@ def int64_tensor(array, device) -> torch.Tensor:
 
 def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """PyTorch's fused attention called directly, for inference (no dropout): transformers' generic SDPA wrapper
-    checks for features this model never uses (GQA, NPUs, tracing, position biases) at every call, which costs
-    ~13 us per layer per decoded token here, 5-9% of a decode step of the shipped model."""
+    checks for features this model never uses (GQA, NPUs, tracing, position biases) at every call, a cost paid per
+    layer per decoded token (docs/benchmarks.md, "Figures behind design choices")."""
     is_causal = attention_mask is None and query.shape[2] > 1
     y = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=is_causal, scale=scaling)
     return y.transpose(1, 2), None
@@ -98,10 +97,8 @@ class KVBuffer:
 
     Why not transformers' `StaticCache`, which also writes in place: it hands the attention its whole capacity
     (masked beyond the filled length), so it needs a view of the filled positions on top, and it keeps the lengths
-    as tensors. `benchmarks/onnx_generation.py` times both (its "transformers StaticCache" rows, that view
-    included): this buffer decoded 4-9% faster in every paired run on the 2-core development machine (lesson-size
-    model 421-441 vs 388-420 tok/s, shipped model 951-1045 vs 876-965 tok/s, 2 threads), and its first token came
-    sooner (13.4 vs 13.9-17.5 ms on the lesson-size model), so it stays.
+    as tensors: this buffer decoded faster in every paired run (docs/benchmarks.md, "Figures behind design
+    choices"), so it stays.
     """
 
     def __init__(self, n_layer: int, batch: int, n_head: int, capacity: int, head_size: int, dtype, device):

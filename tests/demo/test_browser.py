@@ -75,7 +75,8 @@ def test_generate_stream_stop_and_attention(chromium, server, tmp_path):
         lengths.append(output_length(page))
     assert lengths == sorted(lengths) and lengths[-1] > lengths[0], f"the output did not grow: {lengths}"
     assert "tokens/s" in page.locator("#stats").inner_text()
-    assert "passed block_size (16): exact mode" in page.locator("#stats").inner_text()
+    # past block_size in the default window mode (refill): no slow-down to explain
+    assert "tokens/s" in page.locator("#stats").inner_text() and "exact mode" not in page.locator("#stats").inner_text()
 
     stop.click()
     assert wait_until(lambda: server.activity.snapshot()["active"] == 0, timeout=1.0), "the server kept generating"
