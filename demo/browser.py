@@ -2,9 +2,10 @@
 the demo's FastAPI app under `/browser/`.
 
 What is served is a fixed table of files, nothing else (no directory is exposed, so no path can reach outside it):
-the page's own files, onnxruntime-web's WASM build from `demo/web/node_modules` (installed by `npm ci`, see the
-Makefile) under `ort/`, and three files of one model folder under `model/`, the page's default model URL. Without
-`node_modules` the page's URL answers 503 with how to install it.
+the page's own files (its request limits `limits.json`, generated from `gpt_serve.generation.spec`, among them),
+onnxruntime-web's WASM build from `demo/web/node_modules` (installed by `npm ci`, see the Makefile) under `ort/`, and
+three files of one model folder under `model/`, the page's default model URL. Without `node_modules` the page's URL
+answers 503 with how to install it.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from gpt_serve.onnx_contract import INT8_FILE_NAME, ONNX_SUBDIR
+
 WEB_DIR = Path(__file__).resolve().parent / "web"
-JS_MODULES = ("app.js", "engine.js", "form.js", "model.js", "rng.js", "sampling.js", "vocab.js")
-PAGE_FILES = ("index.html", "style.css", *JS_MODULES)
+JS_MODULES = ("app.js", "engine.js", "form.js", "model.js", "rng.js", "sampling.js", "spec.js", "vocab.js")
+PAGE_FILES = ("index.html", "style.css", "limits.json", *JS_MODULES)
 ORT_DIST = Path("node_modules") / "onnxruntime-web" / "dist"  # relative to WEB_DIR
 # onnxruntime-web's WASM-only ES module and the WebAssembly build (with its loader) it fetches
 ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
-MODEL_FILES = ("config.json", "vocab.json", "onnx/model_quantized.onnx")
+PAGE_ONNX_FILE = f"{ONNX_SUBDIR}/{INT8_FILE_NAME}"  # the int8 graph, the page's default (`?onnx=` picks another)
+MODEL_FILES = ("config.json", "vocab.json", PAGE_ONNX_FILE)
 MEDIA_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -67,7 +71,7 @@ def problem(missing: list[str], web_dir: Path, model_dir: Path) -> str | None:
         shown = ", ".join(p.removeprefix("model/") for p in missing if p.startswith("model/"))
         return (
             f"the model folder {model_dir} lacks {shown}; export it with `python -m export {model_dir}` "
-            f"(the page runs onnx/model_quantized.onnx)."
+            f"(the page runs {PAGE_ONNX_FILE})."
         )
     if missing:
         return f"the page's files {missing} are missing from {web_dir}: reinstall gpt-serve."

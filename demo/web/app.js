@@ -1,17 +1,18 @@
-// The page: loads onnxruntime-web and the model, reads the form, streams the tokens into the output with live
-// stats, and stops on Stop. `window.gptServe` runs the same generation for scripts (the browser test drives it):
+// The page: loads onnxruntime-web, the model and the request specification (limits.json: the form's defaults,
+// limits and messages), reads the form, streams the tokens into the output with live stats, and stops on Stop.
+// `window.gptServe` runs the same generation for scripts (the browser test drives it):
 //
 //   await gptServe.ready;                                   // the model's facts, once it is loaded
 //   const r = await gptServe.generate({ prompt: "ROMEO:", maxNewTokens: 300, temperature: 0, windowMode: "refill" });
-//   r.ids, r.text, r.tokensPerSecond                        // also: promptIds, topK, topP, seed, refillTokens
+//   r.ids, r.text, r.tokensPerSecond, r.seed                // every option left out takes the specification's default
 //
 // URL parameters: ?model=URL of a model folder (default: model/, beside the page), ?onnx=model.onnx for the fp32
 // graph instead of the int8 model_quantized.onnx.
 
 import { encodePrompt, generateTokens } from "./engine.js";
-import { FieldError, readForm } from "./form.js";
+import { FieldError, FORM_FIELDS, inputId, readForm } from "./form.js";
 import { loadModel, ModelError, ONNX_FILES } from "./model.js";
-import { randomSeed } from "./rng.js";
+import { loadSpec, parseRequest } from "./spec.js";
 import { plural } from "./vocab.js";
 
 const ORT_DIR = new URL("ort/", import.meta.url);
@@ -56,8 +57,7 @@ function yieldToPage() {
  */
 async function run(model, request, onUpdate = () => {}) {
   if (current) throw new Error("a generation is already running: stop it first");
-  const { promptIds, maxNewTokens, sampling, windowMode, refillTokens = null } = request;
-  const seed = request.seed ?? randomSeed();
+  const { promptIds, maxNewTokens, sampling, seed, windowMode, refillTokens } = request;
   current = { stop: false };
   const ids = [];
   const start = performance.now();
@@ -103,31 +103,36 @@ function setStatus(text, kind = "") {
   $("status").className = `status ${kind}`;
 }
 
+/** The form's texts, by the specification's field names (the window mode: the checked radio's value). */
 function formFields() {
-  return {
-    prompt: $("prompt").value,
-    maxNewTokens: $("max-new-tokens").value,
-    temperature: $("temperature").value,
-    topK: $("top-k").value,
-    topP: $("top-p").value,
-    seed: $("seed").value,
-    windowMode: document.querySelector("input[name=window-mode]:checked")?.value,
-  };
+  const text = (name) =>
+    name === "window_mode" ? document.querySelector("input[name=window-mode]:checked")?.value : $(inputId(name)).value;
+  return Object.fromEntries(FORM_FIELDS.map((name) => [name, text(name)]));
 }
 
-async function onGenerate(model) {
+/** Fills the form with the specification's defaults (the prompt keeps the page's example; an empty seed is
+ * random). */
+function showDefaults(spec) {
+  for (const name of FORM_FIELDS.filter((n) => n !== "prompt" && n !== "window_mode")) {
+    $(inputId(name)).value = String(spec[name].default ?? "");
+  }
+  const mode = document.querySelector(`input[name=window-mode][value="${spec.window_mode.default}"]`);
+  if (mode) mode.checked = true;
+}
+
+async function onGenerate(model, spec) {
   document.querySelectorAll(".invalid").forEach((el) => el.classList.remove("invalid"));
   let request;
   try {
-    request = readForm(formFields());
-    request.promptIds = encodePrompt(model.vocab, request.prompt);
+    request = readForm(formFields(), spec, model.vocab);
   } catch (e) {
-    const field = e instanceof FieldError ? e.field : "prompt"; // else: characters outside the vocabulary
-    $(field)?.classList.add("invalid");
+    if (!(e instanceof FieldError)) throw e;
+    $(e.field)?.classList.add("invalid");
     setStatus(e.message, "error");
     return;
   }
-  $("prompt-echo").textContent = request.prompt;
+  // the prompt as the model reads it (unknown characters replaced or dropped), as the Python text stream gives it
+  $("prompt-echo").textContent = request.prompt && model.vocab.decode(request.promptIds);
   $("generated").textContent = "";
   $("generate-btn").disabled = true;
   $("stop-btn").disabled = false;
@@ -149,15 +154,24 @@ async function onGenerate(model) {
   }
 }
 
-/** What window.gptServe.generate does: the options of the form, as values; returns the result with the text. */
-async function generateForScript(model, options) {
-  const {
-    prompt = null, promptIds = null, maxNewTokens = 300, temperature = 1.0, topK = null, topP = 1.0,
-    repetitionPenalty = 1.0, seed = null, windowMode = "exact", refillTokens = null,
-  } = options;
-  const ids = promptIds ?? encodePrompt(model.vocab, prompt ?? "");
-  const sampling = { temperature, topK, topP, repetitionPenalty };
-  const result = await run(model, { promptIds: ids, maxNewTokens, sampling, seed, windowMode, refillTokens });
+// window.gptServe.generate's options -> the specification's field names
+const SCRIPT_OPTIONS = {
+  prompt: "prompt", maxNewTokens: "max_new_tokens", temperature: "temperature", topK: "top_k", topP: "top_p",
+  repetitionPenalty: "repetition_penalty", seed: "seed", windowMode: "window_mode", refillTokens: "refill_tokens",
+  unkPolicy: "unk_policy",
+};
+
+/** What window.gptServe.generate does: the options as values (parsed by the specification, as a JSON client's
+ * would be; promptIds instead of a prompt: ids as they are); returns the result with the text. */
+async function generateForScript(model, spec, options) {
+  const { promptIds = null, ...rest } = options;
+  const unknown = Object.keys(rest).filter((key) => !(key in SCRIPT_OPTIONS));
+  if (unknown.length) {
+    throw new Error(`unknown options [${unknown}]; the options are [promptIds,${Object.keys(SCRIPT_OPTIONS)}]`);
+  }
+  const request = parseRequest(spec, Object.fromEntries(Object.entries(rest).map(([k, v]) => [SCRIPT_OPTIONS[k], v])));
+  request.promptIds = promptIds ?? encodePrompt(model.vocab, request.prompt, request.unkPolicy);
+  const result = await run(model, request);
   return { ...result, ids: [...result.ids], text: model.vocab.decode(result.ids) };
 }
 
@@ -171,28 +185,44 @@ function describe(model, seconds) {
   );
 }
 
+/** The specification (limits.json), the form filled with its defaults. */
+async function openSpec() {
+  try {
+    const spec = await loadSpec();
+    showDefaults(spec);
+    return spec;
+  } catch (e) {
+    throw new Error(`The page's request limits could not be loaded: ${e.message}`);
+  }
+}
+
 function main() {
   const started = performance.now();
-  const ready = openModel();
+  const ready = Promise.all([
+    openModel().catch((e) => {
+      throw new Error(`The model could not be loaded: ${e.message}`);
+    }),
+    openSpec(),
+  ]);
   window.gptServe = {
-    ready: ready.then((m) => ({ blockSize: m.blockSize, vocabSize: m.vocabSize, base: m.base, file: onnxFile })),
-    generate: async (options = {}) => generateForScript(await ready, options),
+    ready: ready.then(([m]) => ({ blockSize: m.blockSize, vocabSize: m.vocabSize, base: m.base, file: onnxFile })),
+    generate: async (options = {}) => generateForScript(...(await ready), options),
     stop: () => current && (current.stop = true),
   };
   window.gptServe.ready.catch(() => {}); // the status line shows the error; a script awaiting `ready` gets it too
   $("stop-btn").addEventListener("click", () => window.gptServe.stop());
   ready.then(
-    (model) => {
+    ([model, spec]) => {
       $("model-status").textContent = describe(model, (performance.now() - started) / 1000);
       $("model-status").className = "status done";
       $("form").addEventListener("submit", (event) => {
         event.preventDefault();
-        if (!current) onGenerate(model); // a second click while a run is on does nothing
+        if (!current) onGenerate(model, spec); // a second click while a run is on does nothing
       });
       $("generate-btn").disabled = false;
     },
     (e) => {
-      $("model-status").textContent = `The model could not be loaded: ${e.message}`;
+      $("model-status").textContent = e.message;
       $("model-status").className = "status error";
     },
   );

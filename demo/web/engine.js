@@ -7,32 +7,35 @@
 // `keep` tokens at positions 0..keep-1, with keep = block_size for windowMode "exact" (so every step past the
 // window is a full-window forward: the lesson's idx[:, -block_size:], exactly) and keep = refillTokens (default
 // block_size // 2) for "refill" (the cache then grows again for block_size - refillTokens cheap steps).
-// Greedy decoding (temperature 0) gives the Python engine's tokens on the same ONNX file; sampling draws from this
-// page's own seeded RNG (rng.js), so a seed repeats a run here but does not give numpy's tokens.
+// Greedy decoding (temperature 0) gives the Python engine's tokens on the same ONNX file (checked under Node by
+// tests/demo/test_web_engine.py); sampling draws from this page's own seeded RNG (rng.js), so a seed repeats a run
+// here but does not give numpy's tokens. What a request may ask for (its limits, defaults and messages) is the request
+// specification's (spec.js); this file checks only what it needs to run.
 
-import { MAX_SEED, Rng, randomSeed } from "./rng.js";
+import { Rng, randomSeed } from "./rng.js";
 import { applyRepetitionPenalty, sampleNext, samplingParams } from "./sampling.js";
+import { RequestError, commas, pyRepr, showValue } from "./spec.js";
 
-export const WINDOW_MODES = ["exact", "refill"];
-export const MAX_NEW_TOKENS_LIMIT = 1_000_000;
+export const WINDOW_MODES = ["exact", "refill"]; // gpt_serve/window.py's, the choices of the spec's window_mode
 
-/** How many tokens survive when the window overflows. */
+/** How many tokens survive when the window overflows (gpt_serve/window.py's window_keep). */
 export function windowKeep(blockSize, windowMode, refillTokens = null) {
   if (!WINDOW_MODES.includes(windowMode)) {
-    throw new Error(`window_mode must be one of ${WINDOW_MODES.join(", ")}, got '${windowMode}'`);
+    const modes = `[${WINDOW_MODES.map(pyRepr).join(", ")}]`;
+    throw new Error(`window_mode must be one of ${modes}, got ${showValue(windowMode)}`);
   }
-  if (windowMode === "exact") return blockSize;
+  if (windowMode === "exact") {
+    if (refillTokens !== null) {
+      throw new Error(`refill_tokens applies only with window_mode 'refill', got ${showValue(refillTokens)}`);
+    }
+    return blockSize;
+  }
   const keep = refillTokens ?? Math.max(1, Math.floor(blockSize / 2));
   if (!Number.isSafeInteger(keep) || keep < 1 || keep >= Math.max(2, blockSize)) {
-    throw new Error(`refill_tokens must be an integer in [1, block_size - 1] = [1, ${blockSize - 1}], got ${keep}`);
+    const hi = Math.max(1, blockSize - 1);
+    throw new Error(`refill_tokens must be an integer in [1, block_size - 1] = [1, ${hi}], got ${showValue(keep)}`);
   }
   return keep;
-}
-
-export function checkSeed(seed) {
-  if (seed !== null && !(Number.isSafeInteger(seed) && seed >= 0 && seed <= MAX_SEED)) {
-    throw new Error(`seed must be null or an integer in [0, ${MAX_SEED}], got ${seed}`);
-  }
 }
 
 /** An Error unless `ids` is a non-empty array of ids in [0, vocabSize). */
@@ -46,11 +49,30 @@ export function checkPromptIds(ids, vocabSize, name = "the prompt") {
   }
 }
 
-/** Prompt text -> ids; the empty prompt means "start from id 0" (a newline in Tiny Shakespeare), as in the lesson's
- * generate(torch.zeros((1, 1))). Unknown characters throw an UnknownCharactersError naming them. */
-export function encodePrompt(vocab, prompt) {
-  const ids = vocab.encode(prompt);
-  return ids.length ? ids : [0];
+/** The prompt's ids (gpt_serve/generation/text.py's encode_prompt, with its messages). The empty prompt starts
+ * after a newline (id 0), as the lesson's generate(torch.zeros((1, 1))) does. With unkPolicy "error", a
+ * RequestError names the characters outside the vocabulary (the first ten and a count); "replace" makes each a
+ * space, "drop" removes them (a RequestError if nothing is left). */
+export function encodePrompt(vocab, prompt, unkPolicy = "error") {
+  if (!prompt) return [0];
+  if (unkPolicy === "error") {
+    const unknown = vocab.unknown(prompt);
+    if (unknown.length) {
+      const count = unknown.length;
+      const shown = unknown.slice(0, 10).map(([i, c]) => `${pyRepr(c)} (position ${i})`).join(", ");
+      const more = count > 10 ? ` and ${count - 10} more` : "";
+      throw new RequestError(
+        `the prompt has ${commas(count)} character${count > 1 ? "s" : ""} outside this model's vocabulary: ` +
+          `${shown}${more}. Remove them, or set unk_policy to 'replace' (each becomes a space) or 'drop'`,
+        "prompt",
+      );
+    }
+  }
+  const ids = vocab.encode(prompt, unkPolicy);
+  if (!ids.length) {
+    throw new RequestError("the prompt has no character left once the unknown ones are dropped", "prompt");
+  }
+  return ids;
 }
 
 /**
@@ -60,20 +82,19 @@ export function encodePrompt(vocab, prompt) {
  * @param {{blockSize: number, vocabSize: number, forward: Function}} model
  * @param {number[]} promptIds
  * @param {number} maxNewTokens
- * @param {{sampling?: object, seed?: number|null, windowMode?: string, refillTokens?: number|null,
- *          stopTokenIds?: number[]}} options sampling: samplingParams(...) or its fields (default: temperature 1)
+ * @param {{sampling?: object, seed?: number|null, windowMode: string, refillTokens?: number|null,
+ *          stopTokenIds?: number[]}} options sampling: samplingParams(...) or its fields (default: temperature 1);
+ *          seed null: 32 random bits; windowMode: "exact" or "refill" (a parsed request's, spec.js)
  */
 export async function* generateTokens(model, promptIds, maxNewTokens, options = {}) {
-  const { seed = null, windowMode = "exact", refillTokens = null, stopTokenIds = [] } = options;
+  const { seed = null, windowMode, refillTokens = null, stopTokenIds = [] } = options;
   const sampling = samplingParams(options.sampling ?? {});
-  if (!Number.isSafeInteger(maxNewTokens)) throw new Error(`max_new_tokens must be an integer, got ${maxNewTokens}`);
-  if (maxNewTokens < 0 || maxNewTokens > MAX_NEW_TOKENS_LIMIT) {
-    throw new Error(`max_new_tokens must be in [0, ${MAX_NEW_TOKENS_LIMIT}], got ${maxNewTokens}`);
+  if (!Number.isSafeInteger(maxNewTokens) || maxNewTokens < 0) {
+    throw new Error(`max_new_tokens must be an integer >= 0, got ${maxNewTokens}`);
   }
-  checkSeed(seed);
   const keep = windowKeep(model.blockSize, windowMode, refillTokens);
   checkPromptIds(promptIds, model.vocabSize);
-  const rng = new Rng(seed ?? randomSeed());
+  const rng = new Rng(seed ?? randomSeed(2 ** 32)); // the Rng checks the seed
   const ids = [...promptIds];
   const stops = new Set(stopTokenIds);
   let [cache, start, cached] = [null, 0, 0]; // the cache holds the tokens ids[start .. start + cached)

@@ -1,10 +1,19 @@
-// Reading the page's fields into a generation request. Every bad value gets a message naming the field, what it
-// holds and what would be accepted (the fields are plain text inputs, so the message can quote what was typed).
+// Reading the page's fields into a generation request: the texts typed into the form, turned into the values a JSON
+// client would send and parsed by the request specification (spec.js, limits.json), so that a bad field gets
+// exactly the message gpt_serve gives for it. No DOM here: app.js reads the inputs, and Node can import this file.
 
-import { MAX_NEW_TOKENS_LIMIT, WINDOW_MODES } from "./engine.js";
-import { MAX_SEED } from "./rng.js";
+import { encodePrompt } from "./engine.js";
+import { RequestError, parseRequest } from "./spec.js";
 
-export const MAX_TEMPERATURE = 10; // as the server-side demo's Limits
+// The page's fields, by their names in the specification; each one's input has the id inputId(name).
+export const FORM_FIELDS = ["prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "window_mode",
+  "unk_policy"];
+const NUMBER_FIELDS = new Set(["max_new_tokens", "temperature", "top_k", "top_p", "seed"]);
+const INTEGER_TEXT = /^[+-]?[0-9]+$/;
+const DECIMAL_TEXT = /^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$/;
+
+/** "max_new_tokens" -> "max-new-tokens", the id of the field's input. */
+export const inputId = (name) => name.replaceAll("_", "-");
 
 export class FieldError extends Error {
   name = "FieldError";
@@ -14,64 +23,36 @@ export class FieldError extends Error {
   }
 }
 
-/** A number typed into a field, or null for an empty field; NaN for text that is not a number. */
-function numberIn(text) {
+/**
+ * What a number field's text sends: an integer as a BigInt (compared and shown exactly, as Python's int), a
+ * decimal number (1.5, -2e-7, .5) as a number, an empty seed as null (random); any other text as it is typed, so
+ * that the message quotes it ("got '12x'").
+ */
+export function typedValue(name, text) {
   const trimmed = String(text).trim();
-  return trimmed === "" ? null : Number(trimmed);
-}
-
-export function parseInteger(field, label, text, lo, hi, hint = "") {
-  const value = numberIn(text);
-  if (value === null) throw new FieldError(field, `${label} is empty: type a whole number in [${lo}, ${hi}]${hint}`);
-  if (!Number.isInteger(value) || value < lo || value > hi) {
-    throw new FieldError(field, `${label} must be a whole number in [${lo}, ${hi}]${hint}, got '${text}'`);
-  }
-  return value;
-}
-
-export function parseNumber(field, label, text, lo, hi, { loOpen = false, hint = "" } = {}) {
-  const interval = `${loOpen ? "(" : "["}${lo}, ${hi}]`;
-  const value = numberIn(text);
-  if (value === null) throw new FieldError(field, `${label} is empty: type a number in ${interval}${hint}`);
-  if (!Number.isFinite(value) || value < lo || value > hi || (loOpen && value === lo)) {
-    throw new FieldError(field, `${label} must be a number in ${interval}${hint}, got '${text}'`);
-  }
-  return value;
+  if (!NUMBER_FIELDS.has(name)) return text;
+  if (name === "seed" && trimmed === "") return null;
+  if (INTEGER_TEXT.test(trimmed)) return BigInt(trimmed);
+  if (DECIMAL_TEXT.test(trimmed)) return Number(trimmed);
+  return text;
 }
 
 /**
- * The request that the fields' texts describe: {prompt, maxNewTokens, sampling: {temperature, topK, topP},
- * seed (null: draw one), windowMode}. Throws a FieldError naming the first bad field.
- * @param {{prompt: string, maxNewTokens: string, temperature: string, topK: string, topP: string, seed: string,
- *          windowMode: string}} fields
+ * The request that the fields' texts describe (spec.js's parseRequest: {prompt, maxNewTokens, sampling, seed,
+ * seedWasRandom, windowMode, refillTokens, unkPolicy}) with promptIds, the prompt encoded by `vocab`. Throws a
+ * FieldError naming the first bad field's input, with the specification's message.
+ * @param {Object<string, string>} fields the texts of FORM_FIELDS, by name (one left out takes its default)
+ * @param {object} spec the specification table (limits.json)
+ * @param {import("./vocab.js").CharVocab} vocab the model's vocabulary
  */
-export function readForm(fields) {
-  if (!fields.prompt) {
-    throw new FieldError(
-      "prompt",
-      "the prompt is empty: type at least one character, e.g. a speaker's name and a colon such as 'ROMEO:' " +
-        "(a single newline starts the text from scratch, as the lesson does)",
-    );
+export function readForm(fields, spec, vocab) {
+  try {
+    const given = FORM_FIELDS.filter((name) => fields[name] !== undefined && fields[name] !== null);
+    const values = Object.fromEntries(given.map((name) => [name, typedValue(name, fields[name])]));
+    const request = parseRequest(spec, values);
+    return { ...request, promptIds: encodePrompt(vocab, request.prompt, request.unkPolicy) };
+  } catch (e) {
+    if (!(e instanceof RequestError)) throw e;
+    throw new FieldError(inputId(e.field ?? "prompt"), e.message);
   }
-  const maxNewTokens = parseInteger("max-new-tokens", "Max new tokens", fields.maxNewTokens, 1, MAX_NEW_TOKENS_LIMIT);
-  const temperature = parseNumber("temperature", "Temperature", fields.temperature, 0, MAX_TEMPERATURE, {
-    hint: " (0 = greedy)",
-  });
-  const topK = parseInteger("top-k", "Top-k", fields.topK, 0, 1_000_000, " (0 = no limit)");
-  const topP = parseNumber("top-p", "Top-p", fields.topP, 0, 1, { loOpen: true, hint: " (1 = off)" });
-  const seedText = String(fields.seed).trim();
-  const seed = seedText === "" || seedText === "-1"
-    ? null
-    : parseInteger("seed", "Seed", fields.seed, 0, MAX_SEED, " (empty or -1 = random)");
-  if (!WINDOW_MODES.includes(fields.windowMode)) {
-    const modes = WINDOW_MODES.join(", ");
-    throw new FieldError("window-mode", `the window mode must be one of ${modes}, got '${fields.windowMode}'`);
-  }
-  return {
-    prompt: fields.prompt,
-    maxNewTokens,
-    sampling: { temperature, topK: topK || null, topP },
-    seed,
-    windowMode: fields.windowMode,
-  };
 }

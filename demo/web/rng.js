@@ -1,8 +1,7 @@
 // A small seeded random number generator for the page's sampler: xoshiro128** seeded through splitmix32.
 // It plays the part of numpy's `default_rng(seed)` in the Python engine, with its own stream: the same seed gives
-// the same tokens from run to run in the browser, but not the tokens numpy would pick.
-
-export const MAX_SEED = Number.MAX_SAFE_INTEGER; // seeds are integers in [0, 2^53 - 1]
+// the same tokens from run to run in the browser, but not the tokens numpy would pick. The seeds a request may
+// give, and the range a random one is drawn from, are the request specification's (limits.json, spec.js).
 
 function splitmix32(state) {
   return () => {
@@ -18,10 +17,10 @@ function splitmix32(state) {
 const rotl = (x, k) => (x << k) | (x >>> (32 - k));
 
 export class Rng {
-  /** @param {number} seed an integer in [0, MAX_SEED] */
+  /** @param {number} seed an integer in [0, 2^53 - 1], every integer a JavaScript number holds exactly */
   constructor(seed) {
     if (!Number.isSafeInteger(seed) || seed < 0) {
-      throw new Error(`seed must be an integer in [0, ${MAX_SEED}], got ${seed}`);
+      throw new Error(`seed must be an integer in [0, ${Number.MAX_SAFE_INTEGER}], got ${seed}`);
     }
     // the low and the high 32 bits of the seed each fill half the state, so different seeds never share a state
     const low = splitmix32(seed >>> 0);
@@ -52,7 +51,16 @@ export class Rng {
   }
 }
 
-/** A seed for a run whose seed field is empty (shown to the user so that the run can be repeated). */
-export function randomSeed() {
-  return crypto.getRandomValues(new Uint32Array(1))[0];
+/** A uniform random seed in [0, below), below <= 2^32 (the specification's random_below): for a request without
+ * a seed, shown to the user so that the run can be repeated. */
+export function randomSeed(below) {
+  if (!(Number.isSafeInteger(below) && below >= 1 && below <= 2 ** 32)) {
+    throw new Error(`randomSeed draws below an integer in [1, 2^32], got ${below}`);
+  }
+  const draws = new Uint32Array(1);
+  const usable = 2 ** 32 - (2 ** 32 % below); // draws from [usable, 2^32) would favour the low seeds: drawn again
+  do {
+    crypto.getRandomValues(draws);
+  } while (draws[0] >= usable);
+  return draws[0] % below;
 }

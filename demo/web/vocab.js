@@ -1,22 +1,14 @@
 // The character vocabulary of a model folder's vocab.json ({character: id}), as gpt_serve/vocab.py reads it:
-// id = rank, one character per token. Unknown characters are an error that names them (the Python "error" policy).
+// id = rank, one character per token. Characters outside it are refused, dropped or replaced by a space (the
+// unk_policy "error", "drop", "replace"); the page's message for them is encodePrompt's (engine.js).
+
+import { pyRepr } from "./spec.js";
+
+export const UNK_POLICIES = ["error", "drop", "replace"]; // gpt_serve/vocab.py's, the choices of the spec's unk_policy
 
 /** "1 character", "2 characters" */
 export function plural(n, noun) {
   return `${n} ${noun}${n === 1 ? "" : "s"}`;
-}
-
-export class UnknownCharactersError extends Error {
-  constructor(unknown) {
-    const shown = unknown.slice(0, 10).map(([i, c]) => `${pyRepr(c)} (position ${i})`).join(", ");
-    const more = unknown.length > 10 ? ` and ${unknown.length - 10} more` : "";
-    super(
-      `the prompt has ${plural(unknown.length, "character")} outside this model's vocabulary: ${shown}${more}. ` +
-        "Remove them or replace them with characters the model knows.",
-    );
-    this.name = "UnknownCharactersError";
-    this.unknown = unknown;
-  }
 }
 
 export class CharVocab {
@@ -52,10 +44,24 @@ export class CharVocab {
     return Array.from(text).flatMap((c, i) => (this.stoi.has(c) ? [] : [[i, c]]));
   }
 
-  encode(text) {
+  /** The ids of `text`; unknown characters per `unkPolicy` (CharVocab.encode): "error" throws an Error naming
+   * them, "drop" removes them, "replace" makes each the replacement character (a space, or the first character of
+   * a vocabulary without one). */
+  encode(text, unkPolicy = "error") {
+    if (!UNK_POLICIES.includes(unkPolicy)) {
+      throw new Error(`unk_policy must be one of [${UNK_POLICIES.map(pyRepr).join(", ")}], got ${unkPolicy}`);
+    }
     const unknown = this.unknown(text);
-    if (unknown.length) throw new UnknownCharactersError(unknown);
-    return Array.from(text, (c) => this.stoi.get(c));
+    if (unknown.length && unkPolicy === "error") {
+      const shown = unknown.slice(0, 10).map(([i, c]) => `${pyRepr(c)} at ${i}`).join(", ");
+      const more = unknown.length > 10 ? ` and ${unknown.length - 10} more` : "";
+      throw new Error(
+        `text has ${plural(unknown.length, "character")} outside the vocabulary: ${shown}${more}. ` +
+          "Use unk_policy='drop' or 'replace' to accept them.",
+      );
+    }
+    const replacement = unkPolicy === "drop" ? [] : [this.stoi.get(this.stoi.has(" ") ? " " : this.chars[0])];
+    return Array.from(text, (c) => (this.stoi.has(c) ? [this.stoi.get(c)] : replacement)).flat();
   }
 
   decode(ids) {
@@ -72,13 +78,4 @@ export class CharVocab {
     const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(this.chars.join("")));
     return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
   }
-}
-
-/** Python's repr of a one-character string, so messages read like the Python side's ('é', '\n'). */
-export function pyRepr(c) {
-  const escapes = { "\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'" };
-  if (c in escapes) return c === "'" ? `"'"` : `'${escapes[c]}'`;
-  const code = c.codePointAt(0);
-  if (code < 0x20 || code === 0x7f) return `'\\x${code.toString(16).padStart(2, "0")}'`;
-  return `'${c}'`;
 }

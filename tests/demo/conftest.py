@@ -4,6 +4,7 @@ session on 127.0.0.1 (a free port), shared by the API and browser tests."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -108,6 +109,50 @@ def handlers(registry):
     limits = Limits(max_new_tokens=500)
     demo = build_demo(registry, default_model="tiny", stream_interval=0.0, max_updates_per_second=None, limits=limits)
     return demo.handlers
+
+
+# The in-browser page's form as it starts, by specification field name: its example prompt, and the request
+# specification's defaults (a null seed: empty, random).
+PAGE_FORM = dict(
+    prompt="ROMEO:",
+    max_new_tokens="256",
+    temperature="1",
+    top_k="0",
+    top_p="1",
+    seed="",
+    window_mode="refill",
+    unk_policy="error",
+)
+
+# What the in-browser page's form sends for a number field's text (demo/web/form.js `typedValue`): an integer as an
+# int, a decimal number as a float, an empty seed as None (random), anything else as the text typed.
+FORM_NUMBER_FIELDS = {"max_new_tokens", "temperature", "top_k", "top_p", "seed"}
+INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+DECIMAL_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def form_value(name: str, text: str):
+    """The value the page's form sends for the text `text` typed into the field `name` (its specification name)."""
+    value = text.strip()
+    if name not in FORM_NUMBER_FIELDS:
+        return text
+    if name == "seed" and not value:
+        return None
+    if INTEGER_TEXT.fullmatch(value):
+        return int(value)
+    if DECIMAL_TEXT.fullmatch(value):
+        return float(value)
+    return text
+
+
+def python_reads_form(fields: dict[str, str], vocab):
+    """(request, prompt ids) of the page's form texts `fields` (by specification name) as the Python surfaces read
+    them: `parse_request`, then `encode_prompt`; their RequestError otherwise."""
+    from gpt_serve.generation.spec import parse_request
+    from gpt_serve.generation.text import encode_prompt
+
+    request = parse_request({name: form_value(name, text) for name, text in fields.items()})
+    return request, encode_prompt(vocab, request.prompt, request.unk_policy)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,8 @@ def test_the_page_the_ort_files_and_the_model_files_are_served(server, models_ro
         status, kind, body = get(f"{server.url}/browser/{name}")
         assert status == 200 and kind.startswith("text/javascript"), name  # a module script needs a JS type
         assert body == (WEB_DIR / name).read_bytes()
+    status, kind, body = get(f"{server.url}/browser/limits.json")  # the request specification, for the form
+    assert status == 200 and kind == "application/json" and body == (WEB_DIR / "limits.json").read_bytes()
     status, kind, _ = get(f"{server.url}/browser/ort/ort-wasm-simd-threaded.wasm")
     assert status == 200 and kind == "application/wasm"  # what WebAssembly.instantiateStreaming requires
     assert get(f"{server.url}/browser/ort/{ORT_FILES[0]}")[1].startswith("text/javascript")

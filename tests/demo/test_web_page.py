@@ -6,7 +6,8 @@ Greedy decoding gives exactly the Python engine's tokens (`OnnxBackend`) for 300
 window modes, on the int8 graph (the page's default) and on the fp32 one. The page computes the int8 file in fp32
 (its int8 weights dequantized once at load) on the Hugging Face layout graph, so it is compared with
 `OnnxBackend(..., int8_compute=False, inplace=False)`, which does the same. Prints the in-browser tokens/s (the
-README's figures come from this test).
+README's figures come from this test). The form starts from the request specification's defaults and says what
+`gpt_serve` says of a bad field, word for word (tests/demo/test_web_engine.py compares every limit under Node).
 """
 
 from __future__ import annotations
@@ -20,19 +21,25 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from demo.browser import WEB_DIR, browser_files, missing_files
+from demo.browser import ORT_DIST, PAGE_FILES, WEB_DIR, browser_files, missing_files
 from gpt_serve.generation import SamplingParams, generate_tokens
 from gpt_serve.generation.onnx_backend import OnnxBackend
 from gpt_serve.generation.sampling import draw, probabilities
+from gpt_serve.generation.spec import FIELDS_BY_NAME, RequestError
 from gpt_serve.models import model_path
-from tests.demo.conftest import wait_until
+from gpt_serve.vocab import CharVocab
+from tests.demo.conftest import PAGE_FORM, python_reads_form, wait_until
 
 pytestmark = pytest.mark.browser
 
 PROMPT = "ROMEO:"
 NEW_TOKENS = 300  # 6 + 300 > block_size 128: both window modes slide past it
 GRAPHS = ("int8", "fp32")  # the page's default, onnx/model_quantized.onnx, and ?onnx=model.onnx
-UNKNOWN_MESSAGE = "the prompt has 2 characters outside this model's vocabulary: '¿' (position 7), 'é' (position 10)."
+UNKNOWN_MESSAGE = (
+    "the prompt has 2 characters outside this model's vocabulary: '¿' (position 7), 'é' (position 10). Remove them, "
+    "or set unk_policy to 'replace' (each becomes a space) or 'drop'"
+)
+VOCAB = CharVocab.from_file(model_path("shakespeare") / "vocab.json")
 
 
 class QuietHandler(SimpleHTTPRequestHandler):
@@ -193,31 +200,100 @@ def test_the_sampler_computes_the_python_samplers_distribution(chromium, site):
     page.close()
 
 
+def form_texts(page) -> dict[str, str]:
+    """The form's texts by specification name (the window mode: the checked radio's value)."""
+    return page.evaluate(
+        """() => ({
+            prompt: document.getElementById("prompt").value,
+            max_new_tokens: document.getElementById("max-new-tokens").value,
+            temperature: document.getElementById("temperature").value,
+            top_k: document.getElementById("top-k").value,
+            top_p: document.getElementById("top-p").value,
+            seed: document.getElementById("seed").value,
+            window_mode: document.querySelector("input[name=window-mode]:checked").value,
+            unk_policy: document.getElementById("unk-policy").value,
+        })"""
+    )
+
+
+def test_the_form_starts_from_the_specifications_defaults(chromium, site):
+    page = open_page(chromium, f"{site}/page/")
+    texts = form_texts(page)
+    page.close()
+    assert texts == PAGE_FORM
+    shown = {
+        name: "" if f.default is None else f"{f.default:g}" if f.kind != "choice" else f.default
+        for name, f in FIELDS_BY_NAME.items()
+        if name in texts and name != "prompt"  # the prompt: the page's example
+    }  # a null seed is an empty (random) one
+    assert shown == {name: text for name, text in texts.items() if name != "prompt"}
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("max-new-tokens", "12x", "Max new tokens must be a whole number in [1, 1000000], got '12x'"),
-        ("max-new-tokens", "0", "Max new tokens must be a whole number in [1, 1000000], got '0'"),
-        ("max-new-tokens", "", "Max new tokens is empty"),
-        ("temperature", "-1", "Temperature must be a number in [0, 10] (0 = greedy), got '-1'"),
-        ("temperature", "hot", "Temperature must be a number in [0, 10] (0 = greedy), got 'hot'"),
-        ("top-k", "2.5", "Top-k must be a whole number in [0, 1000000] (0 = no limit), got '2.5'"),
-        ("top-p", "0", "Top-p must be a number in (0, 1] (1 = off), got '0'"),
-        ("top-p", "1.5", "Top-p must be a number in (0, 1] (1 = off), got '1.5'"),
-        ("seed", "-5", "Seed must be a whole number in [0, 9007199254740991] (empty or -1 = random), got '-5'"),
-        ("prompt", "", "the prompt is empty"),
+        ("max-new-tokens", "12x", "max_new_tokens must be an integer in [1, 100000], got '12x'"),
+        ("max-new-tokens", "0", "max_new_tokens must be an integer in [1, 100000], got 0"),
+        ("max-new-tokens", "100001", "max_new_tokens must be an integer in [1, 100000], got 100001"),
+        ("max-new-tokens", "", "max_new_tokens must be an integer in [1, 100000], got ''"),
+        ("temperature", "-1", "temperature must be a number in [0, 2] (0 = greedy), got -1"),
+        ("temperature", "5", "temperature must be a number in [0, 2] (0 = greedy), got 5"),
+        ("temperature", "hot", "temperature must be a number in [0, 2] (0 = greedy), got 'hot'"),
+        ("top-k", "2.5", "top_k must be an integer in [0, 1000000] (0 = no limit), got 2.5"),
+        ("top-p", "0", "top_p must be a number in (0, 1], got 0"),
+        ("top-p", "1.5", "top_p must be a number in (0, 1], got 1.5"),
+        ("seed", "-2", "seed must be an integer in [0, 9007199254740991] (null or -1 = random), got -2"),
+        (
+            "prompt",
+            "x" * 10_001,
+            "prompt is 10,001 characters long; the limit is 10,000 (the model reads only the "
+            "last block_size characters)",
+        ),
         ("prompt", "ROMEO: ¿qué?", UNKNOWN_MESSAGE),
     ],
 )
-def test_bad_input_gets_a_clear_message(chromium, site, field, value, message):
+def test_bad_input_gets_the_specifications_message(chromium, site, field, value, message):
+    with pytest.raises(RequestError) as python:  # the message is gpt_serve's for the value the form sends
+        python_reads_form({field.replace("-", "_"): value}, VOCAB)
+    assert str(python.value) == message
     page = open_page(chromium, f"{site}/page/")
     page.locator(f"#{field}").fill(value)
     page.locator("#generate-btn").click()
-    assert wait_until(lambda: message in page.locator("#status.error").inner_text(), timeout=5), page.locator(
-        "#status"
-    ).inner_text()
+    status = page.locator("#status")
+    assert wait_until(lambda: page.locator("#status.error").count() == 1, timeout=5), status.inner_text()
+    assert status.inner_text() == message
     assert page.locator(f"#{field}.invalid").count() == 1  # the field is marked
     assert generated_length(page) == 0 and page.locator("#generate-btn").is_enabled()
+    page.close()
+
+
+def run_form(page, **texts) -> None:
+    """Fills the form's inputs (by their ids) and the unknown-character policy, runs it and waits until done."""
+    policy = texts.pop("unk_policy", None)
+    for field, text in texts.items():
+        page.locator(f"#{field.replace('_', '-')}").fill(text)
+    if policy:
+        page.locator("#unk-policy").select_option(policy)
+    page.locator("#generate-btn").click()
+    assert wait_until(lambda: page.locator("#status.done").count() == 1, timeout=15), page.locator(
+        "#status"
+    ).inner_text()
+
+
+def test_the_empty_prompt_starts_after_a_newline(chromium, site, python_backends):
+    page = open_page(chromium, f"{site}/page/")
+    run_form(page, prompt="", max_new_tokens="40", temperature="0")
+    shown = page.locator("#output").text_content()
+    page.close()
+    greedy = generate_tokens(python_backends["int8"], [[0]], 40, SamplingParams(temperature=0))
+    assert shown == VOCAB.decode([int(t[0]) for t in greedy])  # no prompt shown: the text from id 0 (a newline)
+
+
+def test_unknown_characters_can_be_replaced(chromium, site):
+    page = open_page(chromium, f"{site}/page/")
+    run_form(page, prompt="ROMEO: ¿qué?", max_new_tokens="10", unk_policy="replace")
+    assert page.locator("#prompt-echo").text_content() == "ROMEO:  qu ?"  # as the model reads it
+    assert len(page.locator("#generated").text_content()) == 10
     page.close()
 
 
@@ -254,16 +330,29 @@ def test_the_demo_serves_the_page_on_its_default_model(chromium, server):
     assert got["ids"] == python_greedy(backend, "refill", 40)
 
 
-def test_the_page_says_what_is_wrong_when_served_without_onnxruntime_web(chromium, tmp_path):
-    for name in ("index.html", "style.css", *[p.name for p in WEB_DIR.glob("*.js")]):
-        shutil.copy(WEB_DIR / name, tmp_path / name)
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [
+        ("ort", "onnxruntime-web is missing"),  # and how to install it: `npm ci`
+        ("limits.json", "The page's request limits could not be loaded"),
+    ],
+)
+def test_the_page_says_what_is_wrong_when_a_file_is_missing(chromium, tmp_path, missing, message):
+    for name in PAGE_FILES:
+        if name != missing:
+            shutil.copy(WEB_DIR / name, tmp_path / name)
+    (tmp_path / "model").symlink_to(model_path("shakespeare"), target_is_directory=True)
+    if missing != "ort":
+        (tmp_path / "ort").symlink_to(WEB_DIR / ORT_DIST, target_is_directory=True)
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(tmp_path)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         page = open_page(chromium, f"http://127.0.0.1:{server.server_address[1]}/", ready=False)
         status = page.locator("#model-status.error")
         status.wait_for()
-        assert "onnxruntime-web is missing" in status.inner_text() and "npm ci" in status.inner_text()
+        assert message in status.inner_text() and missing in status.inner_text(), status.inner_text()
+        assert missing != "ort" or "npm ci" in status.inner_text()
+        assert not page.locator("#generate-btn").is_enabled()
         page.close()
     finally:
         server.shutdown()
