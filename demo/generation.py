@@ -231,14 +231,17 @@ def stream_progress(
             except ServerBusy as e:
                 raise RequestError(str(e)) from None
         while text is not None and not stopped and (piece := text.take()) is not None:
-            if piece:
+            pause = pace()
+            # without a pace, a state per token (a piece holds the tokens made since the last look); with one, the
+            # state after the last of them
+            ends = range(len(text.text) - len(piece) + 1, len(text.text) + 1) if pause <= 0 else [len(text.text)]
+            for end in ends if piece else ():
                 now = clock()
                 first_at = now if first_at is None else first_at
-                activity.token(len(piece))
+                activity.token(len(piece) if pause > 0 else 1)
                 ttft, elapsed, decode = first_at - start, now - start, now - first_at
-                yield Progress(prompt, text.text, len(text.text), ttft, elapsed, decode, block_size=block_size)
+                yield Progress(prompt, text.text[:end], end, ttft, elapsed, decode, block_size=block_size)
             stopped = should_stop is not None and should_stop()
-            pause = pace()
             if not stopped and pause > 0:
                 text.wait(pause)  # let tokens pile up (one wake-up per interval, not per token), or end at once
         ttft = None if first_at is None else first_at - start
