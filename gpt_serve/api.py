@@ -1,21 +1,25 @@
-"""An OpenAI-compatible completions API over the scheduler, as a FastAPI router (needs the `serve` extra).
+"""An OpenAI-compatible API over the scheduler, as FastAPI routers (needs the `serve` extra).
 
-    POST /v1/completions   model, prompt (a string or a list of strings), stream, stream_options, n=1, and the
-                           generation fields of the request specification (`gpt_serve.generation.spec`): max_tokens,
-                           temperature, top_p, seed, stop; extras top_k, repetition_penalty, window_mode,
-                           refill_tokens, unk_policy, backend. An unknown field is a 400 naming it.
-    GET  /v1/models        the models this server can serve
-    GET  /health           {"status": "ok", ...}
-    GET  /metrics          Prometheus text format: active rows, waiting requests, tokens, time to first token
+    POST /v1/completions        model, prompt (a string, token ids, or a list of up to 16 of either), stream,
+                                stream_options, n, best_of, echo, logprobs, and the generation fields of the request
+                                specification (`gpt_serve.generation.spec`): max_tokens, temperature, top_p, seed,
+                                stop, presence_penalty, frequency_penalty; extras top_k, min_p, repetition_penalty,
+                                window_mode, refill_tokens, unk_policy, backend. An unknown field is a 400 naming it.
+    POST /v1/chat/completions   model, messages (a play script: `gpt_serve.chat`), stream, n, logprobs, top_logprobs,
+                                speakers, and the same generation fields
+    GET  /v1/models, /v1/models/{id}     the models this server serves
+    POST /tokenize, /detokenize          vLLM's shapes: a prompt's ids, and ids' text
+    GET  /health, /version, /metrics     liveness, the package version, Prometheus' text format (`api_metrics`)
 
-The answers follow OpenAI's wire format: `text_completion` objects with `usage`, server-sent chunks ending with
-`data: [DONE]`, and errors as `{"error": {"message", "type", "param", "code"}}` with 400 (a bad request, named),
-404 (an unknown model), 429 (the scheduler's queue is full) and 503 (a model that cannot be served here). Every
-prompt is a `TextStream` on the model's `Scheduler` (`ModelRegistry.scheduler`), as on every other surface; a client
-that disconnects frees its row. `max_tokens_limit` lowers the specification's limit of max_tokens.
+Answers follow OpenAI's wire format, errors included (`{"error": {"message", "type", "param", "code"}}`: 400 a bad
+request, named; 401 without the API key; 404 an unknown model or route; 405; 429 the scheduler's queue is full; 503 a
+model that cannot be served here). Every choice is a `TextStream` on the model's `Scheduler`, as on every other
+surface; a client that disconnects frees its rows. `max_tokens_limit` lowers the specification's limit of
+max_tokens. With `api_key`, every route but /health (and /metrics unless `metrics_need_key`) needs
+`Authorization: Bearer <key>`, compared in constant time.
 
-    app = create_app(ModelRegistry.discover())          # `gpt-serve serve` runs this with uvicorn
-    demo_app.include_router(create_router(registry))    # or beside the Gradio demo, in the same process
+    app = create_app(ModelRegistry.discover(), api_key="s3cret", allow_origins=["https://example.org"])
+    demo_app.include_router(create_router(registry, api_key=...))    # beside the Gradio demo, in the same process
 
 Behind a load balancer of several replicas (`gpt_serve.ray_serve`), each answer names its replica in an
 `x-gpt-serve-replica` header (`create_app(..., replica_id=...)`).
@@ -25,206 +29,250 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hmac
 import json
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 
 import anyio.to_thread
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 
+from . import __version__
+from .api_metrics import Metrics
+from .api_protocol import APIError, Job, chat_logprobs, completion_logprobs, parse_chat, parse_completion
+from .generation.logprobs import prompt_logprobs
 from .generation.registry import ModelRegistry, ModelUnavailable
 from .generation.requests import ServerBusy
-from .generation.spec import GenerationRequest, RequestError, parse_request
-from .generation.text import TextStream
+from .generation.spec import RequestError, show_value
+from .generation.text import TextStream, encode_prompt
 
 REPLICA_HEADER = "x-gpt-serve-replica"
-# OpenAI parameters this server does not implement: accepted only at the value that means "off".
-UNSUPPORTED = {
-    "logprobs": (None,),
-    "echo": (False, None),
-    "best_of": (1, None),
-    "suffix": (None, ""),
-    "frequency_penalty": (0, 0.0, None),
-    "presence_penalty": (0, 0.0, None),
-    "logit_bias": (None, {}),
-}
-# OpenAI fields the API itself reads; every other field is the request specification's (`generation.spec`)
-WIRE_FIELDS = ("model", "prompt", "stream", "stream_options", "n", "user", *UNSUPPORTED)
+API_KEY_ENV = "GPT_SERVE_API_KEY"
+CODES = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 429: "server_busy"}
+CODES[503] = "model_unavailable"
 
 
-class APIError(Exception):
-    """An error answered in OpenAI's format."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, type_: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.type = status, message, param, type_
-
-    def response(self) -> JSONResponse:
-        code = {404: "model_not_found", 429: "server_busy", 503: "model_unavailable"}.get(self.status)
-        error = {"message": self.message, "type": self.type, "param": self.param, "code": code}
-        return JSONResponse({"error": error}, status_code=self.status)
-
-
-@dataclass(frozen=True)
-class Completion:
-    """A checked completions request: the OpenAI fields, and the generation request every prompt shares."""
-
-    model: str
-    backend: str
-    prompts: list[str]
-    request: GenerationRequest
-    stream: bool
-    include_usage: bool
-
-
-def parse_completion(
-    body: Any, registry: ModelRegistry, default_backend: str, max_tokens_limit: int | None = None
-) -> Completion:
-    """Checks a request body; APIError (400/404) naming the bad field otherwise. The generation fields are parsed by
-    the request specification (`parse_request`), as on every other surface."""
-    if not isinstance(body, dict):
-        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise APIError(400, "model is required: one of " + ", ".join(registry.available), "model")
-    if model not in registry.names:
-        raise APIError(404, f"the model {model!r} does not exist; this server has {registry.available}", "model")
-    prompts = body.get("prompt", "")
-    prompts = [prompts] if isinstance(prompts, str) else prompts
-    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
-        message = "prompt must be a string or a non-empty list of strings (token arrays are not supported)"
-        raise APIError(400, message, "prompt")
-    for name, allowed in UNSUPPORTED.items():
-        if body.get(name) not in allowed:
-            raise APIError(400, f"{name} is not supported by this server (got {body.get(name)!r})", name)
-    if body.get("n", 1) not in (1, None):
-        raise APIError(400, f"n must be 1 (one completion per prompt), got {body.get('n')!r}", "n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise APIError(400, f"stream must be true or false, got {stream!r}", "stream")
-    options = body.get("stream_options") or {}
-    fields = {k: v for k, v in body.items() if k not in WIRE_FIELDS}
-    try:
-        request = parse_request({**fields, "prompt": prompts[0]}, max_new_tokens_limit=max_tokens_limit)
-        for p in prompts[1:]:
-            parse_request({"prompt": p})
-    except RequestError as e:
-        raise APIError(400, str(e), e.field) from None
-    return Completion(
-        model=model,
-        backend=request.backend or default_backend,
-        prompts=prompts,
-        request=request,
-        stream=stream,
-        include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
-    )
+def error_response(e: APIError) -> JSONResponse:
+    code = "model_not_found" if e.status == 404 and e.param == "model" else CODES.get(e.status)
+    error = {"message": e.message, "type": e.type, "param": e.param, "code": code}
+    return JSONResponse({"error": error}, status_code=e.status)
 
 
 class _Choice:
-    """One prompt's text stream, and its time to first token for the metrics."""
+    """One choice: its text stream, and what the metrics and the answer need of it."""
 
-    def __init__(self, index: int, text: TextStream, metrics: _Metrics):
-        self.index, self.text, self.metrics = index, text, metrics
+    def __init__(self, index: int, text: TextStream, job: Job, metrics: Metrics):
+        self.index, self.text, self.job, self.metrics, self.seen = index, text, job, metrics, 0
 
     async def take(self) -> str:
-        """Waits for the next tokens (on the event loop, no thread); returns the new text (may be empty)."""
-        before = self.text.tokens
+        """Waits for the next tokens (on the event loop, no thread); the new text (may be "")."""
         piece = await self.text.atake()
-        if not before and self.text.tokens:
-            stream = self.text.stream
-            self.metrics.ttft.observe(stream.first_token_at - stream.submitted_at)
+        stream = self.text.stream
+        if stream.generated > self.seen:
+            self.metrics.tokens_arrived(stream, self.job.model, self.job.backend, self.seen, time.perf_counter())
+            self.seen = stream.generated
+        if self.text.done:
+            self.metrics.finish(
+                self.job.model, self.job.backend, len(self.text.prompt_ids), self.text.tokens,
+                self.text.finish_reason, stream.submitted_at,
+            )  # fmt: skip
         return piece or ""
 
     @property
-    def done(self) -> bool:
-        return self.text.done
+    def score(self) -> float:
+        """The text's log-probability (best_of ranks choices by it)."""
+        return sum(e[0] for e in self.text.logprobs)
 
-    @property
-    def finish_reason(self) -> str | None:
-        return self.text.finish_reason
+
+def _keyed_route(api_key: str | None) -> type[APIRoute]:
+    """A route class whose routes answer 401 in OpenAI's format unless the request bears `api_key` (a route of
+    its own, so the check holds wherever the router is mounted: `gpt-serve serve`'s app or the demo's)."""
+
+    class KeyedRoute(APIRoute):
+        def get_route_handler(self):
+            handler = super().get_route_handler()
+            if api_key is None:
+                return handler
+
+            async def checked(http: Request) -> Response:
+                scheme, _, token = http.headers.get("authorization", "").partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+                    message = "a valid API key is needed: send it as 'Authorization: Bearer <key>'"
+                    return error_response(APIError(401, message, None, "authentication_error"))
+                return await handler(http)
+
+            return checked
+
+    return KeyedRoute
 
 
 def create_router(
-    registry: ModelRegistry, default_backend: str = "torch", max_tokens_limit: int | None = None
+    registry: ModelRegistry,
+    default_backend: str = "torch",
+    max_tokens_limit: int | None = None,
+    api_key: str | None = None,
+    metrics_need_key: bool = False,
 ) -> APIRouter:
     """The API's routes over `registry` (see the module docstring)."""
-    router = APIRouter()
-    metrics = _Metrics(registry)
+    metrics = Metrics(registry)
+    open_routes = APIRouter()
+    router = APIRouter(route_class=_keyed_route(api_key))
+    metrics_router = router if metrics_need_key else open_routes
+
+    def model_object(name: str) -> dict:
+        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "gpt-serve"}
 
     @router.get("/v1/models")
     def list_models():
-        created = int(time.time())
-        data = [{"id": n, "object": "model", "created": created, "owned_by": "gpt-serve"} for n in registry.available]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [model_object(n) for n in registry.available]}
 
-    @router.get("/health")
+    @router.get("/v1/models/{model_id}")
+    def retrieve_model(model_id: str):
+        if model_id not in registry.available:
+            message = f"the model {model_id!r} does not exist; this server has {registry.available}"
+            return error_response(APIError(404, message, "model"))
+        return model_object(model_id)
+
+    @open_routes.get("/health")
     def health():
         return {"status": "ok", "models": registry.available}
 
-    @router.get("/metrics")
+    @router.get("/version")
+    def version():
+        return {"version": __version__}
+
+    @metrics_router.get("/metrics")
     def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @router.post("/v1/completions")
-    async def completions(http: Request):
+    async def body_of(http: Request):
         try:
-            try:
-                body = await http.json()
-            except ValueError as e:
-                raise APIError(400, f"the request body is not valid JSON ({e})") from None
-            request = parse_completion(body, registry, default_backend, max_tokens_limit)
-            choices = await anyio.to_thread.run_sync(_start, registry, request, metrics)
+            return await http.json()
+        except ValueError as e:
+            raise APIError(400, f"the request body is not valid JSON ({e})") from None
+
+    @router.post("/tokenize")
+    async def tokenize(http: Request):
+        try:
+            body = await body_of(http)
+            loaded, prompt = _vocab_request(registry, body, default_backend, "prompt")
+            if not isinstance(prompt, str):
+                raise APIError(400, f"prompt must be text, got {show_value(prompt)}", "prompt")
+            ids = _encode(loaded.vocab, prompt, body.get("unk_policy", "error"))
         except APIError as e:
-            return e.response()
-        cid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
-        if request.stream:
-            return StreamingResponse(_events(request, choices, cid, created, metrics), media_type="text/event-stream")
+            return error_response(e)
+        return {"count": len(ids), "max_model_len": loaded.block_size, "tokens": ids}
+
+    @router.post("/detokenize")
+    async def detokenize(http: Request):
+        try:
+            body = await body_of(http)
+            loaded, ids = _vocab_request(registry, body, default_backend, "tokens")
+            text = _decode(loaded.vocab, ids, "tokens")
+        except APIError as e:
+            return error_response(e)
+        return {"prompt": text}
+
+    async def serve(http: Request, parse) -> Response:
+        try:
+            job = parse(await body_of(http), registry, default_backend, max_tokens_limit)
+            choices = await anyio.to_thread.run_sync(_start, registry, job, metrics)
+        except APIError as e:
+            return error_response(e)
+        cid = f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{secrets.token_hex(12)}"
+        if job.stream:
+            return StreamingResponse(_events(job, choices, cid, int(time.time())), media_type="text/event-stream")
         try:
             for choice in choices:
-                while not choice.done:
+                while not choice.text.done:
                     await choice.take()
         finally:
             for choice in choices:
                 choice.text.cancel()
-        out = [
-            {"text": c.text.text, "index": c.index, "logprobs": None, "finish_reason": c.finish_reason} for c in choices
-        ]
-        usage = _usage(choices)
-        return {
-            "id": cid,
-            "object": "text_completion",
-            "created": created,
-            "model": request.model,
-            "choices": out,
-            "usage": usage,
-        }
+        try:
+            echoed = await anyio.to_thread.run_sync(_echo, registry, job, choices) if job.echo else None
+        except APIError as e:
+            return error_response(e)
+        return _answer(job, choices, cid, echoed)
 
+    @router.post("/v1/completions")
+    async def completions(http: Request):
+        return await serve(http, parse_completion)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(http: Request):
+        return await serve(http, parse_chat)
+
+    @router.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+    def unknown(path: str, http: Request):
+        if f"/v1/{path}" in ("/v1/completions", "/v1/chat/completions", "/v1/models"):
+            return error_response(APIError(405, f"{http.method} is not allowed on /v1/{path}"))
+        return error_response(APIError(404, f"no route {http.method} /v1/{path} on this server"))
+
+    router.include_router(open_routes)
     return router
 
 
-def _start(registry: ModelRegistry, completion: Completion, metrics: _Metrics) -> list[_Choice]:
-    """Loads the model (first use) and submits every prompt; APIError for what cannot be served."""
+def _vocab_request(registry: ModelRegistry, body, default_backend: str, field: str):
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        raise APIError(400, "model is required: one of " + ", ".join(registry.available), "model")
+    if body["model"] not in registry.available:
+        raise APIError(
+            404, f"the model {body['model']!r} does not exist; this server has {registry.available}", "model"
+        )
     try:
-        loaded = registry.backend(completion.model, completion.backend)
-        scheduler = registry.scheduler(completion.model, completion.backend)
+        return registry.backend(body["model"], body.get("backend") or default_backend), body.get(field)
     except ModelUnavailable as e:
         raise APIError(503, str(e), "model", "model_unavailable") from None
+    except RequestError as e:
+        raise APIError(400, str(e), e.field) from None
+
+
+def _encode(vocab, prompt: str, unk_policy) -> list[int]:
+    try:
+        return encode_prompt(vocab, prompt, unk_policy if unk_policy in ("error", "replace", "drop") else "error")
+    except RequestError as e:
+        raise APIError(400, str(e), "prompt") from None
+
+
+def _decode(vocab, ids, field: str) -> str:
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise APIError(400, f"{field} must be a list of token ids, got {show_value(ids)}", field)
+    bad = [t for t in ids if not 0 <= t < len(vocab)]
+    if bad:
+        raise APIError(400, f"{field} holds ids {bad[:10]} outside the vocabulary [0, {len(vocab) - 1}]", field)
+    return vocab.decode(ids)
+
+
+def _start(registry: ModelRegistry, job: Job, metrics: Metrics) -> list[_Choice]:
+    """Loads the model (first use) and submits every choice (prompt i's choice j is index i * best_of + j, with
+    seed `seed + index`); APIError for what cannot be served."""
+    try:
+        loaded = registry.backend(job.model, job.backend)
+        scheduler = registry.scheduler(job.model, job.backend)
+    except ModelUnavailable as e:
+        raise APIError(503, str(e), "model", "model_unavailable") from None
+    request = job.request
+    if job.best_of > job.n and request.logprobs is None:
+        request = dataclasses.replace(request, logprobs=0)  # best_of ranks the choices by their logprobs
     choices: list[_Choice] = []
     try:
-        for i, prompt in enumerate(completion.prompts):
-            request = dataclasses.replace(completion.request, prompt=prompt)
-            try:
-                choices.append(_Choice(i, TextStream(scheduler, loaded.vocab, request, index=i), metrics))
-            except ServerBusy as e:
-                raise APIError(429, str(e), None, "server_busy") from None
-            except RequestError as e:
-                raise APIError(400, f"prompt {i}: {e}" if len(completion.prompts) > 1 else str(e), e.field) from None
-            except ValueError as e:
-                raise APIError(400, str(e)) from None
+        for i, prompt in enumerate(job.prompts):
+            if not isinstance(prompt, str):
+                prompt = _decode(loaded.vocab, prompt, "prompt")
+            for j in range(job.best_of):
+                index = i * job.best_of + j
+                try:
+                    text = TextStream(scheduler, loaded.vocab, dataclasses.replace(request, prompt=prompt), index)
+                except ServerBusy as e:
+                    raise APIError(429, str(e), None, "server_busy") from None
+                except RequestError as e:
+                    where = f"prompt {i}: " if len(job.prompts) > 1 else ""
+                    raise APIError(400, f"{where}{e}", e.field) from None
+                choices.append(_Choice(index, text, job, metrics))
     except APIError:
         for choice in choices:
             choice.text.cancel()
@@ -232,81 +280,116 @@ def _start(registry: ModelRegistry, completion: Completion, metrics: _Metrics) -
     return choices
 
 
-async def _events(request: Completion, choices: list[_Choice], cid: str, created: int, metrics) -> AsyncIterator[str]:
-    """OpenAI's server-sent chunks; the rows are cancelled when the client goes away (the task is cancelled)."""
+def _echo(registry: ModelRegistry, job: Job, choices: list[_Choice]) -> list:
+    """Per prompt, its own logprobs (OpenAI's echo): computed on the loop's thread, between decode steps."""
+    scheduler = registry.scheduler(job.model, job.backend)
+    top = job.logprobs or 0
+    out = []
+    for k in range(0, len(choices), job.best_of):
+        ids = choices[k].text.prompt_ids
+        out.append(scheduler.call(prompt_logprobs, scheduler.backend, ids, top) if job.logprobs is not None else None)
+    return out
 
-    def chunk(choice_list, usage=None) -> str:
-        body = {"id": cid, "object": "text_completion", "created": created, "model": request.model}
-        body["choices"] = choice_list
+
+def _best(job: Job, choices: list[_Choice]) -> list[_Choice]:
+    """The n best of each prompt's best_of choices (by their text's logprob), numbered 0.. in order."""
+    if job.best_of == job.n:
+        return choices
+    kept = []
+    for k in range(0, len(choices), job.best_of):
+        kept += sorted(choices[k : k + job.best_of], key=lambda c: -c.score)[: job.n]
+    return kept
+
+
+def _usage(choices: list[_Choice], job: Job) -> dict[str, int]:
+    prompt = sum(len(c.text.prompt_ids) for c in choices[:: job.best_of])  # each prompt once
+    completion = sum(c.text.tokens for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _completion_choice(job: Job, choice: _Choice, index: int, echoed) -> dict:
+    t, vocab = choice.text, choice.text.vocab
+    text, logprobs = t.text, None
+    ids = vocab.encode(t.text)
+    if job.logprobs is not None:
+        entries = t.logprobs
+        if echoed is not None:
+            ids, entries = [*t.prompt_ids, *ids], [*echoed, *entries]
+        logprobs = completion_logprobs(vocab, ids, entries, 0)
+    if job.echo:
+        text = t.prompt + t.text
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": t.finish_reason}
+
+
+def _chat_choice(job: Job, choice: _Choice, index: int) -> dict:
+    t = choice.text
+    logprobs = chat_logprobs(t.vocab, t.vocab.encode(t.text), t.logprobs) if job.logprobs is not None else None
+    message = {"role": "assistant", "content": t.text}
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": t.finish_reason}
+
+
+def _answer(job: Job, choices: list[_Choice], cid: str, echoed) -> dict:
+    kept = _best(job, choices)
+    if job.kind == "chat":
+        out = [_chat_choice(job, c, i) for i, c in enumerate(kept)]
+        kind = "chat.completion"
+    else:
+        per_prompt = [echoed[i // job.n] if echoed else None for i in range(len(kept))]
+        out = [_completion_choice(job, c, i, e) for i, (c, e) in enumerate(zip(kept, per_prompt))]
+        kind = "text_completion"
+    return {
+        "id": cid,
+        "object": kind,
+        "created": int(time.time()),
+        "model": job.model,
+        "choices": out,
+        "usage": _usage(choices, job),
+    }
+
+
+async def _events(job: Job, choices: list[_Choice], cid: str, created: int) -> AsyncIterator[str]:
+    """OpenAI's server-sent chunks, choice after choice (each stream keeps its tokens meanwhile); the rows are
+    cancelled when the client goes away (the task is cancelled)."""
+    chat = job.kind == "chat"
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(items, usage=None) -> str:
+        body = {"id": cid, "object": kind, "created": created, "model": job.model, "choices": items}
         if usage is not None:
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
 
     try:
-        for choice in choices:  # prompts one after the other: each stream keeps its tokens meanwhile
-            while not choice.done:
-                text = await choice.take()
-                if text or choice.done:
-                    item = {
-                        "text": text,
-                        "index": choice.index,
-                        "logprobs": None,
-                        "finish_reason": choice.finish_reason,
-                    }
-                    yield chunk([item])
-        if request.include_usage:
-            yield chunk([], _usage(choices))
+        for choice in choices:
+            if chat:
+                yield chunk([{"index": choice.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None}])  # fmt: skip
+            sent = 0
+            while not choice.text.done:
+                piece = await choice.take()
+                if not piece and not choice.text.done:
+                    continue
+                logprobs = None
+                if job.logprobs is not None:
+                    t = choice.text
+                    ids, entries = t.vocab.encode(piece), t.logprobs[sent : sent + len(piece)]
+                    lp = (
+                        chat_logprobs(t.vocab, ids, entries)
+                        if chat
+                        else completion_logprobs(t.vocab, ids, entries, sent)
+                    )
+                    logprobs = lp
+                sent += len(piece)
+                reason = choice.text.finish_reason
+                item = {"index": choice.index, "logprobs": logprobs, "finish_reason": reason}
+                item.update({"delta": {"content": piece} if piece else {}} if chat else {"text": piece})
+                yield chunk([item])
+        if job.include_usage:
+            yield chunk([], _usage(choices, job))
         yield "data: [DONE]\n\n"
     finally:
         for choice in choices:
             choice.text.cancel()
-
-
-def _usage(choices: list[_Choice]) -> dict[str, int]:
-    prompt = sum(len(c.text.prompt_ids) for c in choices)
-    completion = sum(c.text.tokens for c in choices)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-class _Metrics:
-    """Prometheus metrics: the schedulers' live state, read at scrape time, and a time-to-first-token histogram."""
-
-    def __init__(self, registry: ModelRegistry):
-        from prometheus_client import CollectorRegistry, Histogram, generate_latest
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        self._generate = generate_latest
-        self.registry = CollectorRegistry()
-        self.ttft = Histogram(
-            "gpt_serve_time_to_first_token_seconds",
-            "Seconds from a request's arrival to its first token",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-            registry=self.registry,
-        )
-        models = registry
-
-        class Live:
-            def collect(self):
-                active = GaugeMetricFamily(
-                    "gpt_serve_active_rows", "Requests decoding now", labels=["model", "backend"]
-                )
-                waiting = GaugeMetricFamily(
-                    "gpt_serve_waiting_requests", "Requests queued", labels=["model", "backend"]
-                )
-                tokens = CounterMetricFamily(
-                    "gpt_serve_generated_tokens", "Tokens generated", labels=["model", "backend"]
-                )
-                for (name, key), scheduler in models.schedulers().items():
-                    stats = scheduler.stats()
-                    active.add_metric([name, key], stats["active"])
-                    waiting.add_metric([name, key], stats["waiting"])
-                    tokens.add_metric([name, key], stats["tokens"])
-                yield from (active, waiting, tokens)
-
-        self.registry.register(Live())
-
-    def render(self) -> bytes:
-        return self._generate(self.registry)
 
 
 class _ReplicaHeader:
@@ -327,19 +410,49 @@ class _ReplicaHeader:
         await self.app(scope, receive, send_with_header)
 
 
-def create_app(registry: ModelRegistry, replica_id: str | None = None, **router_options) -> FastAPI:
+def add_error_handlers(app: FastAPI) -> None:
+    """OpenAI's error JSON for an unknown route and a wrong method anywhere on `app` (the router answers its own)."""
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc):
+        message = {404: f"no route {request.method} {request.url.path} on this server"}.get(exc.status_code)
+        return error_response(APIError(exc.status_code, message or str(exc.detail)))
+
+
+def create_app(
+    registry: ModelRegistry,
+    replica_id: str | None = None,
+    allow_origins: list[str] | None = None,
+    **router_options,
+) -> FastAPI:
     """A FastAPI app serving only the API (`gpt-serve serve`); its shutdown stops the registry's decode loops.
 
     `replica_id` (set by `gpt_serve.ray_serve` for each replica) is sent back in an `x-gpt-serve-replica` header
-    on every answer; without it the answers carry no such header."""
+    on every answer; without it the answers carry no such header. `allow_origins` opts in to CORS for browser
+    clients on those origins."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         registry.close()
 
-    app = FastAPI(title="gpt-serve", description="OpenAI-compatible completions API of gpt-serve", lifespan=lifespan)
+    app = FastAPI(title="gpt-serve", description="OpenAI-compatible API of gpt-serve", lifespan=lifespan)
     app.include_router(create_router(registry, **router_options))
+    add_error_handlers(app)
+    if allow_origins:
+        add_cors(app, allow_origins)
     if replica_id is not None:
         app.add_middleware(_ReplicaHeader, replica_id=replica_id)
     return app
+
+
+def add_cors(app: FastAPI, allow_origins: list[str]) -> None:
+    from fastapi.middleware.cors import CORSMiddleware
+
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=allow_origins,
+        allow_methods=["GET", "POST"],
+        allow_headers=["authorization", "content-type"],
+    )

@@ -39,7 +39,9 @@ class Backend(Protocol):
       the T new tokens (the export's validation and the backends' own prefills use it);
     - `new_batch(max_rows)`: an empty `DecodeBatch`, what the scheduler decodes on;
     - `window_logits(ids)`: logits (B, vocab) of the last token of B full windows (B, T) at positions 0..T-1, no
-      cache: what `window_mode="exact"` runs for every token past `block_size`.
+      cache: what `window_mode="exact"` runs for every token past `block_size`;
+    - `sequence_logits(ids)`: logits (T, vocab) of every position of one window (T,), no cache: a prompt's own
+      logprobs (`generation.logprobs`).
     """
 
     block_size: int
@@ -52,6 +54,8 @@ class Backend(Protocol):
     def new_batch(self, max_rows: int) -> DecodeBatch: ...
 
     def window_logits(self, input_ids: np.ndarray) -> np.ndarray: ...
+
+    def sequence_logits(self, ids: np.ndarray) -> np.ndarray: ...
 
 
 def left_pad(prompts: Sequence[Sequence[int]], extra: int = 0) -> tuple[np.ndarray, np.ndarray]:

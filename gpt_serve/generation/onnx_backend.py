@@ -183,6 +183,18 @@ class OnnxBackend:
         logits = run_inplace(self.inplace_session, input_ids, np.zeros(B, dtype=np.int64), scratch)
         return np.ascontiguousarray(logits)
 
+    def sequence_logits(self, ids: np.ndarray) -> np.ndarray:
+        """float32 logits (T, V) of every position of one window of ids (T,) at positions 0..T-1, no cache (on the
+        Hugging Face layout graph, whose logits cover every position)."""
+        input_ids = _as_int64("input_ids", np.asarray(ids)[None])
+        ones, positions = np.ones_like(input_ids), np.arange(input_ids.shape[1])[None]
+        self._check_inputs(input_ids, ones, positions, 0)
+        feeds = {INPUT_IDS_NAME: input_ids, ATTENTION_MASK_NAME: ones, POSITION_IDS_NAME: positions}
+        empty = np.zeros((1, self.n_head, 0, self.head_size), dtype=np.float32)
+        feeds.update((name, empty) for name in self._past_names)
+        logits = self.session.run([LOGITS_NAME], feeds)[0]
+        return np.ascontiguousarray(logits[0], dtype=np.float32)
+
     def forward(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, cache: OnnxCache | None
     ) -> tuple[np.ndarray, OnnxCache]:

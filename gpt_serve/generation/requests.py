@@ -32,6 +32,7 @@ class Request:
     window_mode: str = DEFAULT_WINDOW_MODE
     refill_tokens: int | None = None
     stop_token_ids: Sequence[int] = ()
+    logprobs: int | None = None  # report each token's logprob and this many top ones (`Stream.logprobs`)
 
 
 _DONE = object()
@@ -50,7 +51,10 @@ class Stream:
         self.error: BaseException | None = None
         self.submitted_at = time.perf_counter()
         self.first_token_at: float | None = None
+        self.admitted_at: float | None = None  # when the scheduler took it from the queue
+        self.last_seen_at: float | None = None  # for a consumer that times the gaps between tokens (the API's metrics)
         self.generated = 0
+        self.logprobs: list = []  # with `Request.logprobs`: (logprob, [(id, logprob), ...]) per token, in order
         self._finished = False  # the consumer has seen the end
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None  # an `atake` waiting
 
@@ -111,9 +115,11 @@ class Stream:
 
     # -- the scheduler's side --
 
-    def _put(self, token: int) -> None:
+    def _put(self, token: int, logprob=None) -> None:
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
+        if logprob is not None:
+            self.logprobs.append(logprob)  # before the token: a consumer that has the token has its logprob
         self.generated += 1
         self._tokens.put(token)
         self._scheduler._to_wake.append(self)

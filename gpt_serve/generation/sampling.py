@@ -20,6 +20,9 @@ class SamplingParams:
         top_k: keep only the `top_k` most likely tokens (None or 0: all).
         top_p: nucleus sampling, keep the smallest set of tokens whose probability reaches `top_p`.
         repetition_penalty: > 1 discourages tokens already in the context (as in transformers), 1 disables.
+        presence_penalty: subtracted from the logit of every token the generated text holds (OpenAI's rule), 0 off.
+        frequency_penalty: subtracted once per occurrence in the generated text (OpenAI's rule), 0 off.
+        min_p: drop tokens whose probability is below `min_p` times the most likely one's, 0 off.
 
     The accepted ranges are the request specification's (`gpt_serve.generation.spec.FIELDS`); a value outside
     them raises its `RequestError` (a ValueError).
@@ -29,11 +32,14 @@ class SamplingParams:
     top_k: int | None = None
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0
 
     def __post_init__(self):
         from .spec import check_value  # the one table of limits (it builds SamplingParams: imported here)
 
-        for name in ("temperature", "top_p", "repetition_penalty"):
+        for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_p"):
             check_value(name, getattr(self, name))
         if self.top_k is not None:
             check_value("top_k", self.top_k)
@@ -44,6 +50,20 @@ def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: floa
     boolean mask (V,) over the vocabulary) is divided by `penalty` if positive, multiplied by it if not."""
     row = logits[seen]
     logits[seen] = np.where(row > 0, row / penalty, row * penalty)
+
+
+def apply_openai_penalties(logits: np.ndarray, counts: np.ndarray, params: SamplingParams) -> None:
+    """OpenAI's presence and frequency penalties, in place on one row of `logits` (V,): `counts` (V,) is how often
+    each token occurs in the generated text (the prompt not counted)."""
+    logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log-probabilities (..., V) of logits, in float64: what `logprobs` report (the model's own distribution,
+    before temperature, penalties and filters)."""
+    z = logits.astype(np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
 def sample_next(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> np.ndarray:
@@ -85,6 +105,9 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     z = z - z.max(axis=-1, keepdims=True)
     probs = np.exp(z)
     probs /= probs.sum(axis=-1, keepdims=True)
+    if params.min_p > 0.0:
+        probs = np.where(probs < params.min_p * probs.max(axis=-1, keepdims=True), 0.0, probs)
+        probs /= probs.sum(axis=-1, keepdims=True)
     if params.top_p < 1.0:
         order = np.argsort(-probs, axis=-1, kind="stable")
         sorted_p = np.take_along_axis(probs, order, axis=-1)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from itertools import islice
@@ -40,7 +41,7 @@ from ..window import window_keep, window_start
 from .backend import Backend, DecodeBatch
 from .requests import Request, ServerBusy, Stream
 from .runner import InlineRunner, Runner, torch_runner
-from .sampling import SamplingParams, apply_repetition_penalty, sample_rows
+from .sampling import SamplingParams, apply_openai_penalties, apply_repetition_penalty, log_softmax, sample_rows
 from .spec import check_value
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,10 @@ class _Row:
         self.exact = r.window_mode == "exact"
         self.penalty = r.sampling.repetition_penalty
         self.stops = set(int(t) for t in r.stop_token_ids)
+        self.top_logprobs = r.logprobs
+        # OpenAI's penalties count the generated tokens only
+        s = r.sampling
+        self.counts = np.zeros(vocab_size, dtype=np.int64) if s.presence_penalty or s.frequency_penalty else None
         # transformers' repetition penalty applies to every token seen so far: kept as a mask over the vocabulary
         self.seen = None
         if r.sampling.repetition_penalty != 1.0:
@@ -215,6 +220,8 @@ class Scheduler:
         if not isinstance(r.sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(r.sampling).__name__}")
         window_keep(self.backend.block_size, r.window_mode, r.refill_tokens)  # raises for a bad window
+        if r.logprobs is not None:
+            check_value("logprobs", r.logprobs)
 
     # -- the loop --
 
@@ -291,6 +298,7 @@ class Scheduler:
                 if not self._waiting:
                     return
                 stream = self._waiting.popleft()
+            stream.admitted_at = time.perf_counter()
             row = _Row(stream, self.backend.block_size, self.backend.vocab_size)
             if len(row.ids) - row.start > self.backend.block_size or (row.exact and row.start > 0):
                 self._recompute.append(row)  # exact mode, a prompt past the window: full-window forwards from now
@@ -315,8 +323,9 @@ class Scheduler:
         for _ in rows:
             self._recompute.popleft()
         self.steps += 1
-        for row, token in zip(rows, self._sample(rows, logits), strict=True):
-            if not self._append(row, token):
+        tokens, logprobs = self._sample(rows, logits)
+        for row, token, lp in zip(rows, tokens, logprobs, strict=True):
+            if not self._append(row, int(token), lp):
                 self._recompute.append(row)
 
     def _decode(self) -> None:
@@ -324,20 +333,21 @@ class Scheduler:
             return
         tokens = np.array([r.ids[-1] for r in self._batched], dtype=np.int64)
         rows = list(self._batched)
-        chosen = self._sample(rows, self._batch.step(tokens))
+        chosen, logprobs = self._sample(rows, self._batch.step(tokens))
         self.steps += 1
         # Reversed: a row that leaves is replaced by the last row (done already), a row that rejoins goes last.
         for i in reversed(range(len(rows))):
-            self._advance(rows[i], int(chosen[i]), i)
+            self._advance(rows[i], int(chosen[i]), i, logprobs[i])
 
     def _emit(self, row: _Row, logits: np.ndarray, index: int) -> None:
         """Samples the next token of `row` (batch row `index`) from `logits` (1, V), then `_advance`."""
-        self._advance(row, int(self._sample([row], logits)[0]), index)
+        tokens, logprobs = self._sample([row], logits)
+        self._advance(row, int(tokens[0]), index, logprobs[0])
 
-    def _advance(self, row: _Row, token: int, index: int) -> None:
+    def _advance(self, row: _Row, token: int, index: int, logprob=None) -> None:
         """Gives `row` (batch row `index`) its next token and moves it on: finished, to its next window, or on in
         the batch (where the token is fed at the next step)."""
-        if self._append(row, token):
+        if self._append(row, token, logprob):
             self._remove(index)
             return
         start = window_start(len(row.ids), row.start, self.backend.block_size, row.keep)
@@ -358,23 +368,36 @@ class Scheduler:
             self._emit(row, logits[None], len(self._batched) - 1)
 
     @staticmethod
-    def _sample(rows: list[_Row], logits: np.ndarray) -> np.ndarray:
-        """One token per row from `logits` (rows, V), each with its own settings and RNG (`sample_rows`)."""
-        penalized = [i for i, r in enumerate(rows) if r.seen is not None]
-        if penalized:
-            logits = logits.copy()
-            for i in penalized:
-                apply_repetition_penalty(logits[i], rows[i].seen, rows[i].penalty)
-        return sample_rows(logits, [r.sampling for r in rows], [r.rng for r in rows])
+    def _sample(rows: list[_Row], logits: np.ndarray) -> tuple[np.ndarray, list]:
+        """One token per row from `logits` (rows, V), each with its own settings and RNG (`sample_rows`), and for
+        the rows that ask for them (`Request.logprobs`) the token's log-probability and the top ones, of the model's
+        own distribution (the logits before penalties): `(logprob, [(id, logprob), ...])`, None for the others."""
+        adjusted = [i for i, r in enumerate(rows) if r.seen is not None or r.counts is not None]
+        work = logits.copy() if adjusted else logits
+        for i in adjusted:
+            if rows[i].seen is not None:
+                apply_repetition_penalty(work[i], rows[i].seen, rows[i].penalty)
+            if rows[i].counts is not None:
+                apply_openai_penalties(work[i], rows[i].counts, rows[i].sampling)
+        tokens = sample_rows(work, [r.sampling for r in rows], [r.rng for r in rows])
+        logprobs = [None] * len(rows)
+        for i, row in enumerate(rows):
+            if row.top_logprobs is not None:
+                lp = log_softmax(logits[i])
+                top = np.argsort(-lp, kind="stable")[: row.top_logprobs]
+                logprobs[i] = (float(lp[tokens[i]]), [(int(t), float(lp[t])) for t in top])
+        return tokens, logprobs
 
-    def _append(self, row: _Row, token: int) -> bool:
-        """Gives `row` its token; returns True when the row ends here, finished or cancelled by its consumer
-        meanwhile (its stream is then ended: the consumer sees the end either way)."""
+    def _append(self, row: _Row, token: int, logprob=None) -> bool:
+        """Gives `row` its token (and its logprobs); returns True when the row ends here, finished or cancelled by
+        its consumer meanwhile (its stream is then ended: the consumer sees the end either way)."""
         row.ids.append(token)
         if row.seen is not None:
             row.seen[token] = True
+        if row.counts is not None:
+            row.counts[token] += 1
         self.tokens += 1
-        row.stream._put(token)
+        row.stream._put(token, logprob)
         ends = row.done or row.stream.cancelled.is_set()
         if ends:
             row.stream._finish()

@@ -14,7 +14,12 @@ format. Why each limit is what it is:
 - `max_new_tokens` (OpenAI's `max_tokens`) in [1, 100,000]: ten times the lesson's longest generation (10,000
   characters into `more.txt`), a few minutes of one stream on a CPU, so no request runs for hours; a server may
   lower it (`max_new_tokens_limit`). Default 256 (OpenAI's legacy 16 is a word here).
-- `temperature` in [0, 2], `top_p` in (0, 1]: the OpenAI wire format's ranges; 0 is greedy.
+- `temperature` in [0, 2], `top_p` in (0, 1], `presence_penalty` and `frequency_penalty` in [-2, 2]: the OpenAI
+  wire format's ranges; temperature 0 is greedy. The penalties count the generated text only, as OpenAI's do.
+- `min_p` in [0, 1] (0 = off), vLLM's and transformers' rule after temperature.
+- `logprobs` in [0, 20] (OpenAI's completions limit; null: none): how many of the most likely tokens to report
+  beside each generated token's own log-probability, of the model's distribution (before temperature, penalties
+  and filters).
 - `top_k` in [0, 1,000,000] (0 = no limit; anything from the vocabulary size up means no limit too).
 - `repetition_penalty` in (0, 10], transformers' rule (1 = off).
 - `seed` in [0, 2^53 - 1], the integers a JavaScript number holds exactly (the browser page carries it too);
@@ -90,11 +95,23 @@ def _num(x) -> str:
 
 FIELDS: tuple[Field, ...] = (
     Field("prompt", "text", "", hi=MAX_PROMPT_CHARS, doc="the text to continue; empty starts after a newline"),
-    Field("max_new_tokens", "integer", 256, 1, MAX_NEW_TOKENS, aliases=("max_tokens",), doc="characters to generate"),
+    Field(
+        "max_new_tokens",
+        "integer",
+        256,
+        1,
+        MAX_NEW_TOKENS,
+        aliases=("max_tokens", "max_completion_tokens"),
+        doc="characters to generate",
+    ),
     Field("temperature", "number", 1.0, 0, 2, hint=" (0 = greedy)", doc="sampling temperature"),
     Field("top_k", "integer", 0, 0, 1_000_000, hint=" (0 = no limit)", doc="sample among the k most likely"),
     Field("top_p", "number", 1.0, 0, 1, lo_open=True, doc="nucleus sampling (1 = off)"),
     Field("repetition_penalty", "number", 1.0, 0, 10, lo_open=True, hint=" (1 = off)", doc="> 1 discourages repeats"),
+    Field("presence_penalty", "number", 0.0, -2, 2, hint=" (0 = off)", doc="OpenAI's: per token the text holds"),
+    Field("frequency_penalty", "number", 0.0, -2, 2, hint=" (0 = off)", doc="OpenAI's: per occurrence in the text"),
+    Field("min_p", "number", 0.0, 0, 1, hint=" (0 = off)", doc="drop tokens below min_p times the likeliest"),
+    Field("logprobs", "integer", None, 0, 20, doc="the top logprobs to report per token (null: none)"),
     Field("seed", "integer", None, 0, MAX_SEED, hint=" (null or -1 = random)", doc="the same seed gives the same text"),
     Field("stop", "stop", (), doc=f"up to {MAX_STOP_SEQUENCES} strings; the text ends before the first one"),
     Field("window_mode", "choice", DEFAULT_WINDOW_MODE, choices=WINDOW_MODES, doc="past block_size"),
@@ -206,6 +223,10 @@ class GenerationRequest:
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    logprobs: int | None = None
     seed: int = 0
     seed_was_random: bool = False
     stop: tuple[str, ...] = ()
@@ -217,7 +238,15 @@ class GenerationRequest:
     sampling: SamplingParams = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        sampling = SamplingParams(self.temperature, self.top_k or None, self.top_p, self.repetition_penalty)
+        sampling = SamplingParams(
+            self.temperature,
+            self.top_k or None,
+            self.top_p,
+            self.repetition_penalty,
+            self.presence_penalty,
+            self.frequency_penalty,
+            self.min_p,
+        )
         object.__setattr__(self, "sampling", sampling)
 
     def seed_for(self, index: int) -> int:

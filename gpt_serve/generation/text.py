@@ -60,7 +60,7 @@ class TextStream:
     def __init__(self, scheduler, vocab, request: GenerationRequest, index: int = 0):
         self.request, self.vocab = request, vocab
         self.prompt_ids = encode_prompt(vocab, request.prompt, request.unk_policy)
-        self.prompt = vocab.decode(self.prompt_ids) if request.prompt else ""  # as the model reads it
+        self.prompt = vocab.decode(self.prompt_ids)  # as the model reads it (a newline for the empty prompt)
         job = Request(
             self.prompt_ids,
             request.max_new_tokens,
@@ -68,6 +68,7 @@ class TextStream:
             request.seed_for(index),
             request.window_mode,
             request.refill_tokens,
+            logprobs=request.logprobs,
         )
         self.stream: Stream = scheduler.submit(job)
         self.text = ""  # the text so far, cut at a stop string
@@ -79,6 +80,11 @@ class TextStream:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def logprobs(self) -> list:
+        """With `request.logprobs`: (logprob, [(id, logprob), ...]) of each token of `text`, in order."""
+        return self.stream.logprobs[: len(self.text)]
 
     def cancel(self) -> None:
         """Frees the request's row before the next decode step (a no-op once it has ended)."""

@@ -179,6 +179,12 @@ class TorchBackend:
         return self.forward(input_ids, ones, np.tile(np.arange(input_ids.shape[1]), (len(ones), 1)), None)[0]
 
     @torch.inference_mode()
+    def sequence_logits(self, ids: np.ndarray) -> np.ndarray:
+        """float32 logits (T, V) of every position of one window of ids (T,) at positions 0..T-1, no cache."""
+        x = int64_tensor(np.asarray(ids)[None], self.device)
+        return self.model(input_ids=x, use_cache=False).logits[0].float().cpu().numpy()
+
+    @torch.inference_mode()
     def decode_step(self, tokens: np.ndarray, positions: np.ndarray, padding: np.ndarray, cache) -> np.ndarray:
         """One new token per row on top of `cache` (a `BatchKV`): float32 logits (rows, vocab).
 
