@@ -65,6 +65,11 @@ def generate_tokens(
                 streams.append(scheduler.submit(request))
             except ValueError as e:
                 raise type(e)(f"prompt {b}: {e}" if len(prompts) > 1 else str(e)) from None
+        if len(streams) == 1:  # one prompt: its tokens as they come
+            while (chunk := streams[0].take()) is not None:
+                for token in chunk:
+                    yield np.array([token], dtype=np.int64)
+            return
         pending: list[deque[int]] = [deque() for _ in streams]
         ended = [False] * len(streams)
         while True:

@@ -208,7 +208,7 @@ class Scheduler:
             if self._closing():
                 self._shutdown()
                 return
-            self._iterate()
+            self._iterate(None if until_end else lambda: not stream._tokens.empty())
 
     def _check(self, r: Request) -> None:
         if not isinstance(r, Request):
@@ -229,14 +229,17 @@ class Scheduler:
         with self._lock:
             return self._closed
 
-    def _iterate(self) -> bool:
+    def _iterate(self, ready=None) -> bool:
         """One iteration of the loop (on the runner's thread): cancellations, admissions, one decode step.
-        Returns whether there is more to do."""
+        Returns whether there is more to do. `ready` (an inline consumer's question: does my stream have a token?)
+        ends the iteration before the decode step once it is true, so a prompt's first token is not held back by a
+        step for its second."""
         try:
             self._drop_cancelled()
             self._admit()
             self._recompute_some()
-            self._decode()
+            if ready is None or not ready():
+                self._decode()
         except Exception as e:  # a broken backend: the running requests end with the error, the loop goes on
             logger.exception("decode step failed")
             self._fail_all(e)
@@ -276,6 +279,8 @@ class Scheduler:
         for row in [r for r in self._recompute if r.stream.cancelled.is_set()]:
             self._recompute.remove(row)
             row.stream._finish()
+        if not self._waiting:  # read without the lock: a request queued meanwhile is looked at next iteration
+            return
         with self._lock:
             cancelled = [s for s in self._waiting if s.cancelled.is_set()]
             for stream in cancelled:
