@@ -20,6 +20,8 @@ import sys
 import time
 
 from gpt_serve.cli import (
+    add_api_arguments,
+    api_options,
     check_port_free,
     max_tokens_limit,
     non_negative_float,
@@ -117,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--verbose", action="store_true", help="INFO logs (every HTTP request Gradio makes) and progress bars"
     )
+    add_api_arguments(p)  # the mounted OpenAI-compatible API: the same access flags as `gpt-serve serve`
     return p
 
 
@@ -150,15 +153,16 @@ def preload(registry, model: str, backend: str) -> str:
     return f"{model}/{backend} loaded and warmed up in {time.perf_counter() - start:.2f} s"
 
 
-def mount_api(app, registry, default_backend: str, max_tokens_limit: int) -> bool:
+def mount_api(app, registry, default_backend: str, max_tokens_limit: int, **access) -> bool:
     """Adds the OpenAI-compatible API (`gpt_serve.api`) to the demo's FastAPI app: the same process, the same
-    schedulers. False (with a message) where its dependencies are not installed."""
+    schedulers, with the same access options as `gpt-serve serve` (`access`: `api_options`). False (with a message)
+    where its dependencies are not installed."""
     try:
         from gpt_serve.api import create_router
     except ImportError as e:
         print(f"demo: no OpenAI-compatible API ({e}; pip install 'gpt-serve[serve]')", file=sys.stderr)
         return False
-    app.include_router(create_router(registry, default_backend, max_tokens_limit))
+    app.include_router(create_router(registry, default_backend, max_tokens_limit, **access))
     return True
 
 
@@ -168,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         print("demo: error: --mcp needs Gradio's MCP support: pip install 'gpt-serve[mcp]'", file=sys.stderr)
         return 2
     try:  # before anything loads
+        access = api_options(args)
         hint = f'is another demo running? pass --port N (make demo DEMO_ARGS="--port {args.port + 1}")'
         check_port_free(args.host, args.port, hint)
-    except OSError as e:
+    except (OSError, ValueError) as e:
         print(f"demo: error: {e}", file=sys.stderr)
         return 2
     quiet_model_loading(args.verbose)
@@ -235,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"demo: error: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 2
-    if mount_api(app, registry, args.backend, args.max_new_tokens_limit):
-        print(f"demo: OpenAI-compatible API at http://{args.host}:{args.port}/v1 (POST /v1/completions, /v1/models)")
+    if mount_api(app, registry, args.backend, args.max_new_tokens_limit, **access):
+        print(f"demo: OpenAI-compatible API at http://{args.host}:{args.port}/v1 (completions, chat, models)")
     missing = mount_browser(app, registry.folder(default_model))
     print(
         f"demo: in-browser page (onnxruntime-web) at http://{args.host}:{args.port}/browser/"

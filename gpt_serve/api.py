@@ -87,26 +87,42 @@ class _Choice:
         return sum(e[0] for e in self.text.logprobs)
 
 
-def _keyed_route(api_key: str | None) -> type[APIRoute]:
-    """A route class whose routes answer 401 in OpenAI's format unless the request bears `api_key` (a route of
-    its own, so the check holds wherever the router is mounted: `gpt-serve serve`'s app or the demo's)."""
+CORS_HEADERS = {
+    "access-control-allow-methods": "GET, POST",
+    "access-control-allow-headers": "authorization, content-type",
+    "access-control-max-age": "600",
+}
 
-    class KeyedRoute(APIRoute):
+
+def _route_class(api_key: str | None, allow_origins: tuple[str, ...]) -> type[APIRoute]:
+    """A route class for the API's routes: 401 in OpenAI's format unless the request bears `api_key` (none: no
+    check), and CORS headers for the `allow_origins`. In the routes themselves, not in a middleware, so both hold
+    wherever the router is mounted: `gpt-serve serve`'s app or the demo's, which has started before it is added."""
+
+    class Route(APIRoute):
         def get_route_handler(self):
             handler = super().get_route_handler()
-            if api_key is None:
-                return handler
 
-            async def checked(http: Request) -> Response:
-                scheme, _, token = http.headers.get("authorization", "").partition(" ")
-                if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            async def route(http: Request) -> Response:
+                if api_key is not None and not _bears(http, api_key):
                     message = "a valid API key is needed: send it as 'Authorization: Bearer <key>'"
-                    return error_response(APIError(401, message, None, "authentication_error"))
-                return await handler(http)
+                    response = error_response(APIError(401, message, None, "authentication_error"))
+                else:
+                    response = await handler(http)
+                origin = http.headers.get("origin")
+                if origin is not None and origin in allow_origins:
+                    response.headers["access-control-allow-origin"] = origin
+                    response.headers["vary"] = "Origin"
+                return response
 
-            return checked
+            return route
 
-    return KeyedRoute
+    return Route
+
+
+def _bears(http: Request, api_key: str) -> bool:
+    scheme, _, token = http.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
 def create_router(
@@ -115,11 +131,13 @@ def create_router(
     max_tokens_limit: int | None = None,
     api_key: str | None = None,
     metrics_need_key: bool = False,
+    allow_origins: tuple[str, ...] | list[str] = (),
 ) -> APIRouter:
     """The API's routes over `registry` (see the module docstring)."""
     metrics = Metrics(registry)
-    open_routes = APIRouter()
-    router = APIRouter(route_class=_keyed_route(api_key))
+    origins = tuple(allow_origins)
+    open_routes = APIRouter(route_class=_route_class(None, origins))
+    router = APIRouter(route_class=_route_class(api_key, origins))
     metrics_router = router if metrics_need_key else open_routes
 
     def model_object(name: str) -> dict:
@@ -135,6 +153,14 @@ def create_router(
             message = f"the model {model_id!r} does not exist; this server has {registry.available}"
             return error_response(APIError(404, message, "model"))
         return model_object(model_id)
+
+    def preflight(http: Request):
+        """A browser's CORS preflight (it sends no API key): the allowed methods and headers, for a named origin."""
+        allowed = http.headers.get("origin") in origins
+        return Response(status_code=204, headers=CORS_HEADERS if allowed else {})
+
+    for path in ("/v1/{path:path}", "/tokenize", "/detokenize", "/version", "/health", "/metrics"):
+        open_routes.add_api_route(path, preflight, methods=["OPTIONS"], include_in_schema=False)
 
     @open_routes.get("/health")
     def health():
@@ -420,17 +446,12 @@ def add_error_handlers(app: FastAPI) -> None:
         return error_response(APIError(exc.status_code, message or str(exc.detail)))
 
 
-def create_app(
-    registry: ModelRegistry,
-    replica_id: str | None = None,
-    allow_origins: list[str] | None = None,
-    **router_options,
-) -> FastAPI:
+def create_app(registry: ModelRegistry, replica_id: str | None = None, **router_options) -> FastAPI:
     """A FastAPI app serving only the API (`gpt-serve serve`); its shutdown stops the registry's decode loops.
 
     `replica_id` (set by `gpt_serve.ray_serve` for each replica) is sent back in an `x-gpt-serve-replica` header
-    on every answer; without it the answers carry no such header. `allow_origins` opts in to CORS for browser
-    clients on those origins."""
+    on every answer; without it the answers carry no such header. `router_options` are `create_router`'s (the API
+    key, CORS origins, limits)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -440,19 +461,6 @@ def create_app(
     app = FastAPI(title="gpt-serve", description="OpenAI-compatible API of gpt-serve", lifespan=lifespan)
     app.include_router(create_router(registry, **router_options))
     add_error_handlers(app)
-    if allow_origins:
-        add_cors(app, allow_origins)
     if replica_id is not None:
         app.add_middleware(_ReplicaHeader, replica_id=replica_id)
     return app
-
-
-def add_cors(app: FastAPI, allow_origins: list[str]) -> None:
-    from fastapi.middleware.cors import CORSMiddleware
-
-    app.add_middleware(
-        CORSMiddleware,
-        allow_origins=allow_origins,
-        allow_methods=["GET", "POST"],
-        allow_headers=["authorization", "content-type"],
-    )

@@ -113,7 +113,8 @@ def parse_completion(body: Any, registry: ModelRegistry, default_backend: str, l
         if not isinstance(p, str) and not (isinstance(p, list) and p and all(_is_id(t) for t in p)):
             raise APIError(400, f"prompt {i} must be a string or a non-empty list of token ids", "prompt")
     stream = _flag(body, "stream")
-    n, best_of = _choices(body, "n", 1), _choices(body, "best_of", 1)
+    n = _choices(body, "n", 1)
+    best_of = _choices(body, "best_of", n)
     if best_of < n:
         raise APIError(400, f"best_of ({best_of}) must be at least n ({n})", "best_of")
     if best_of > n and stream:

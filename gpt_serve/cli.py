@@ -68,6 +68,36 @@ def positive_int(text: str) -> int:
     return value
 
 
+API_KEY_ENV = "GPT_SERVE_API_KEY"
+
+
+def add_api_arguments(parser) -> None:
+    """The OpenAI-compatible API's access flags, the same for `gpt-serve serve` and the demo."""
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"every API route but /health then needs 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, if set)",
+    )
+    parser.add_argument(
+        "--metrics-need-key", action="store_true", help="/metrics needs the API key too (default: open, as /health)"
+    )
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let a browser page from ORIGIN (e.g. https://example.org) call the API (CORS); repeatable",
+    )
+
+
+def api_options(args) -> dict:
+    """`create_router`'s access options from the flags of `add_api_arguments`."""
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if key is not None and not key.strip():
+        raise ValueError("--api-key is empty")
+    return dict(api_key=key, metrics_need_key=args.metrics_need_key, allow_origins=tuple(args.allow_origin))
+
+
 def max_tokens_limit(text: str) -> int:
     """argparse type: a server's limit of max_tokens, in [1, MAX_NEW_TOKENS] (the request specification's)."""
     value = positive_int(text)
@@ -197,7 +227,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"no model folder found under {args.models_root} or in --model-dir")
     if not args.no_preload:  # the first request should not wait for a model to load
         print(f"gpt-serve serve: {registry.preload(args.backend)[1]}", file=sys.stderr)
-    app = create_app(registry, default_backend=args.backend, max_tokens_limit=args.max_tokens_limit)
+    options = api_options(args)
+    app = create_app(registry, default_backend=args.backend, max_tokens_limit=args.max_tokens_limit, **options)
     print(f"gpt-serve serve: models {registry.available} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
@@ -224,6 +255,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_tokens_limit=args.max_tokens_limit,
         preload=not args.no_preload,
+        **api_options(args),
     )
     if args.ray_address is None:  # a new local instance: its proxy binds the port
         check_port_free(args.host, args.port, PORT_HINT)
@@ -324,6 +356,7 @@ def _serve_parser(sub) -> None:
         help="the server's (with --ray: the replicas')",
     )
     s.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
+    add_api_arguments(s)
     s.add_argument(
         "--no-preload",
         action="store_true",

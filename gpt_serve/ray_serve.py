@@ -55,6 +55,9 @@ class RayServeOptions(BaseModel):
         MAX_NEW_TOKENS, ge=1, le=MAX_NEW_TOKENS, description="the largest max_tokens accepted"
     )
     preload: bool = Field(True, description="each replica loads and warms up the default model for `backend` first")
+    api_key: str | None = Field(None, description="every route but /health needs 'Authorization: Bearer <key>'")
+    metrics_need_key: bool = Field(False, description="/metrics needs the API key too")
+    allow_origins: tuple[str, ...] = Field((), description="browser origins allowed to call the API (CORS)")
 
     @field_validator("backend")
     @classmethod
@@ -94,7 +97,12 @@ def replica_app(options: RayServeOptions, replica_id: str) -> FastAPI:
     if options.preload:
         loaded, line = registry.preload(options.backend)
         (logger.info if loaded else logger.warning)("replica %s: %s", replica_id, line)
-    return create_app(registry, replica_id=replica_id, default_backend=options.backend, max_tokens_limit=limit)
+    access = dict(
+        api_key=options.api_key, metrics_need_key=options.metrics_need_key, allow_origins=options.allow_origins
+    )
+    return create_app(
+        registry, replica_id=replica_id, default_backend=options.backend, max_tokens_limit=limit, **access
+    )
 
 
 def application(options: RayServeOptions) -> Application:

@@ -12,6 +12,7 @@ and the same checks (`spec`). The engine knows nothing about what computes the l
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterator, Sequence
 
@@ -113,10 +114,7 @@ def stream_text(
         dict(
             prompt=prompt,
             max_new_tokens=max_new_tokens,
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            repetition_penalty=sampling.repetition_penalty,
+            **{f.name: getattr(sampling, f.name) for f in dataclasses.fields(sampling)},
             seed=seed,
             stop=stop,
             window_mode=window_mode,

@@ -105,15 +105,14 @@ def test_a_stop_sequence_ends_the_text_before_it(api):
         (dict(temperature=5), "temperature must be a number in [0, 2] (0 = greedy), got 5"),
         (dict(max_tokens=0), "max_new_tokens must be an integer in [1, 100000], got 0"),
         (dict(top_p=0), "top_p must be a number in (0, 1], got 0"),
-        (dict(n=2), "n must be 1"),
-        (dict(logprobs=2), "logprobs is not supported"),
+        (dict(n=0), "n must be an integer in [1, 16], got 0"),
         (dict(prompt="ROMEO é"), "1 character outside this model's vocabulary: 'é' (position 6)"),
-        (dict(prompt=[1, 2, 3]), "token arrays are not supported"),
+        (dict(prompt=[[1, 2], "x", []]), "prompt 2 must be a string or a non-empty list of token ids"),
         (dict(stop=["a", "b", "c", "d", "e"]), "stop must be a string or a list of at most 4"),
         (dict(extra_body={"window_mode": "slide"}), "window_mode must be one of ['exact', 'refill']"),
         (dict(extra_body={"top_k": -1}), "top_k must be an integer in [0, 1000000] (0 = no limit), got -1"),
         (dict(extra_body={"backend": "cuda"}), "backend must be one of 'torch' (PyTorch), 'onnx' (ONNX Runtime fp32)"),
-        (dict(extra_body={"min_p": 0.1}), "unknown field 'min_p'; the fields are ['prompt', 'max_new_tokens'"),
+        (dict(extra_body={"nucleus": 0.1}), "unknown field 'nucleus'; the fields are ['prompt', 'max_new_tokens'"),
     ],
 )
 def test_bad_requests_get_a_400_naming_the_problem(api, kwargs, message):
@@ -154,5 +153,5 @@ def test_a_full_queue_is_a_429_and_a_client_that_leaves_frees_its_row(api):
     time.sleep(0.1)
     assert scheduler.stats()["steps"] == steps  # no forward pass for them any more
     metrics = httpx.get(f"{url}/metrics").text
-    assert 'gpt_serve_active_rows{backend="torch",model="tiny"} 0.0' in metrics
+    assert 'gpt_serve_num_requests_running{backend="torch",model="tiny"} 0.0' in metrics
     assert "gpt_serve_time_to_first_token_seconds_count" in metrics

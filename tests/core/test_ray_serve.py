@@ -184,14 +184,15 @@ def _healthy(url: str) -> bool:
 
 
 class _RowsSeen:
-    """The last `gpt_serve_active_rows` seen from each replica (Ray's proxy picks the replica of each /metrics)."""
+    """The last `gpt_serve_num_requests_running` seen from each replica (Ray's proxy picks the replica of each
+    /metrics)."""
 
     def __init__(self, http: httpx.Client):
         self.http, self.seen = http, {}
 
     def are(self, expected) -> bool:
         answer = self.http.get("/metrics")
-        line = next(x for x in answer.text.splitlines() if x.startswith("gpt_serve_active_rows{"))
+        line = next(x for x in answer.text.splitlines() if x.startswith("gpt_serve_num_requests_running{"))
         self.seen[answer.headers["x-gpt-serve-replica"]] = float(line.split()[-1])
         return self.seen == dict(expected)
 

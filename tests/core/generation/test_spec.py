@@ -78,7 +78,10 @@ def test_values_at_the_edges_are_accepted(fields):
         ({"backend": ["torch"]}, "backend must be one of 'torch' (PyTorch), 'onnx' (ONNX Runtime fp32)"),
         ({"prompt": "x" * 10_001}, "prompt is 10,001 characters long; the limit is 10,000"),
         ({"prompt": 5}, "prompt must be text, got int"),
-        ({"min_p": 0.1}, "unknown field 'min_p'; the fields are ['prompt', 'max_new_tokens'"),
+        ({"nucleus": 0.1}, "unknown field 'nucleus'; the fields are ['prompt', 'max_new_tokens'"),
+        ({"presence_penalty": 2.5}, "presence_penalty must be a number in [-2, 2] (0 = off), got 2.5"),
+        ({"min_p": -0.1}, "min_p must be a number in [0, 1] (0 = off), got -0.1"),
+        ({"logprobs": 21}, "logprobs must be an integer in [0, 20], got 21"),
         ({"max_tokens": 5, "max_new_tokens": 5}, "max_tokens and max_new_tokens are the same field: give one of them"),
     ],
 )
