@@ -182,3 +182,21 @@ def test_scheduler_process_benchmark(graph):
         "scheduler_process.py", "--model", "ladder-a", "--graph", graph, "--streams", "2", "--tokens", "20"
     )
     assert out.strip() == "40 tokens"
+
+
+def test_the_lm_eval_check_builds_a_task_of_true_and_false_continuations(corpus, tmp_path):
+    """lm-eval itself is not installed here (docs/benchmarks.md runs it); the task it is given is checked."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lm_eval_check", ROOT / "benchmarks" / "lm_eval_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    items = module.questions(corpus, 50)
+    val = corpus[int(0.9 * len(corpus)) :]
+    assert len(items) == 50
+    for q in items:
+        assert len(q["context"]) == 64 and len(q["choices"]) == 4 and all(len(c) == 16 for c in q["choices"])
+        assert q["context"] + q["choices"][q["label"]] in val
+    folder = module.write_task(tmp_path, items)
+    assert "output_type: multiple_choice" in (folder / f"{module.TASK}.yaml").read_text()
+    assert len((folder / "questions.jsonl").read_text().splitlines()) == 50
