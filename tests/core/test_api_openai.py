@@ -274,3 +274,35 @@ def test_speakers_can_be_renamed():
     assert render(messages, {"user": "falstaff", "assistant": "Prince Henry"}) == "FALSTAFF:\nHal!\n\nPRINCE HENRY:\n"
     with pytest.raises(RequestError, match="speakers must map roles"):
         render(messages, {"narrator": "X"})
+
+
+def test_the_demos_mounted_api_takes_the_same_access_options(models_root):
+    """`python -m demo --api-key K --allow-origin O` mounts the router with them on the demo's own app."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from demo.cli import build_parser, mount_api
+    from gpt_serve.cli import api_options
+
+    args = build_parser().parse_args(["--api-key", "k2", "--allow-origin", "https://page.example"])
+    app = FastAPI()
+    registry = ModelRegistry.discover(models_root=models_root, expected=(), threads=1)
+    assert mount_api(app, registry, "torch", 100, **api_options(args))
+    with TestClient(app) as client:
+        assert client.get("/v1/models").status_code == 401
+        ok = client.get("/v1/models", headers={"Authorization": "Bearer k2", "Origin": "https://page.example"})
+        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "https://page.example"
+        assert client.get("/health").status_code == 200
+    registry.close()
+
+
+def test_the_api_key_comes_from_the_environment_too(monkeypatch):
+    from gpt_serve.cli import API_KEY_ENV, api_options, build_parser
+
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    args = build_parser().parse_args(["serve"])
+    assert api_options(args)["api_key"] == "from-env"
+    args = build_parser().parse_args(["serve", "--api-key", "flag"])
+    assert api_options(args)["api_key"] == "flag"
+    with pytest.raises(ValueError, match="--api-key is empty"):
+        api_options(build_parser().parse_args(["serve", "--api-key", " "]))
