@@ -6,7 +6,8 @@ The package is three parts:
   `modeling_chargpt`, `tokenization_chargpt`; torch and transformers);
 - `gpt_serve.generation`: loading a model for a backend (`load_backend`), the token loop, sampling, and the
   PyTorch and ONNX Runtime backends (numpy; torch only in the PyTorch backend);
-- `gpt_serve.models`: the shipped model folders, by name.
+- `gpt_serve.models`: the shipped model folders, by name;
+- `gpt_serve.importing`: a checkpoint of the lesson's `gpt.py` or of nanoGPT as a model folder (`gpt-serve import`).
 
 `import gpt_serve` imports neither torch nor transformers, so the ONNX Runtime path stays torch-free even where
 torch is installed. The model classes are imported on first use (`gpt_serve.CharGPTForCausalLM`, or

@@ -4,14 +4,16 @@
     gpt-serve models                  # the shipped models
     gpt-serve serve --port 8000       # the OpenAI-compatible API (POST /v1/completions), no web page
     gpt-serve serve --ray --replicas 2 --threads 1   # the same API, as Ray Serve replicas (the `ray` extra)
+    gpt-serve import ckpt.pt my-model  # bring your own model: the lesson's gpt.py or nanoGPT, then ONNX-exported
     gpt-serve train ...               # the training pipeline (python -m training from a clone)
     gpt-serve ladder ...              # the lesson's loss ladder (python -m training.ladder)
     gpt-serve export MODEL ...        # ONNX export (python -m export)
     gpt-serve demo ...                # the Gradio demo (python -m demo)
 
-`generate` and `models` are the library's own. The other subcommands are the applications, which the library never
-imports: each registers itself as an entry point of the `gpt_serve.commands` group (see pyproject.toml), and only
-the one asked for is loaded, so `generate --backend onnx` never imports torch.
+`generate`, `models`, `serve` and `import` are the library's own. The other subcommands are the applications, which
+the library never imports: each registers itself as an entry point of the `gpt_serve.commands` group (see
+pyproject.toml), and only the one asked for is loaded, so `generate --backend onnx` never imports torch. `import`
+runs the `export` application the same way on the folder it wrote.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import sys
 import time
@@ -276,6 +279,82 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _import(args: argparse.Namespace) -> int:
+    """`gpt-serve import`: the model folder (`gpt_serve.importing`), then its ONNX export by the export app."""
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from .importing import SOURCE_NAMES, import_checkpoint
+
+    command = shlex.join(["gpt-serve", *args.argv])
+    imported = import_checkpoint(
+        args.source, args.out, corpus=args.corpus, meta=args.meta, attn_scale=args.attn_scale, force=args.force,
+        command=command,
+    )  # fmt: skip
+    config = imported.model.config
+    print(
+        f"gpt-serve import: wrote {args.out} from {SOURCE_NAMES[imported.source_format]} ({config.n_layer} layers, "
+        f"{config.n_head} heads, n_embd {config.n_embd}, block_size {config.block_size}, {len(imported.vocab)} "
+        f"characters: {imported.vocab_source})",
+        file=sys.stderr,
+    )
+    export_argv = [args.out, *(["--data", str(imported.corpus)] if imported.corpus else [])]
+    export_argv += ["--threads", str(args.threads)] if args.threads is not None else []
+    later = f"gpt-serve export {shlex.join(export_argv)}"
+    if args.no_export:
+        print(f"gpt-serve import: not exported to ONNX (--no-export); to export it: {later}", file=sys.stderr)
+        return 0
+    entry, export_main = app_commands().get("export"), None
+    try:
+        export_main = entry.load() if entry is not None else None
+        missing = "the export application is not installed"
+    except ImportError as e:
+        missing = f"the export application cannot import {e.name or e}"
+    if export_main is None:
+        print(
+            f"gpt-serve import: not exported to ONNX ({missing}): pip install 'gpt-serve[export]', then {later}",
+            file=sys.stderr,
+        )
+        return 0
+    code = export_main(export_argv)
+    if code != 0:
+        print(f"gpt-serve import: {args.out} is written, but its ONNX export failed (above); {later}", file=sys.stderr)
+    return code
+
+
+def _import_parser(sub) -> None:
+    i = sub.add_parser(
+        "import",
+        help="make a model folder of a checkpoint of the lesson's gpt.py or of nanoGPT (and export it to ONNX)",
+        description="Convert a checkpoint into a gpt-serve model folder, written whole or not at all, then export "
+        "it to ONNX. The format is read from the file: the lesson's gpt.py (torch.save(model.state_dict())) or "
+        "nanoGPT (out-*/ckpt.pt with the meta.pkl of its character vocabulary). Checkpoints are read with "
+        "torch.load(weights_only=True) and meta.pkl by an unpickler that admits only dicts, strings and integers.",
+    )
+    i.add_argument("source", help="the checkpoint: a gpt.py state dict, or nanoGPT's ckpt.pt")
+    i.add_argument("out", help="the model folder to write (must not exist, unless --force)")
+    i.add_argument(
+        "--corpus",
+        default=None,
+        help="the text the model was trained on: the lesson's vocabulary is its sorted(set(text)) (default: Tiny "
+        "Shakespeare's 65 characters); also the export's validation text",
+    )
+    i.add_argument("--meta", default=None, help="nanoGPT's meta.pkl (default: beside SOURCE, or data/DATASET/meta.pkl)")
+    i.add_argument(
+        "--attn-scale",
+        default=None,  # checked by CharGPTConfig (its module imports transformers: not while parsing)
+        metavar="head_size|n_embd",
+        help="the lesson's gpt.py only: n_embd for a gpt.py that scaled attention by C**-0.5, as typed in the video "
+        "(default: head_size, the final gpt.py's k.shape[-1]**-0.5)",
+    )
+    i.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    i.add_argument("--no-export", action="store_true", help="write the folder only, no ONNX export")
+    i.add_argument("--threads", type=thread_count, default=None, help="torch and ONNX Runtime threads (none: all CPUs)")
+    i.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
+    i.set_defaults(func=_import)
+
+
 def _models(args: argparse.Namespace) -> int:
     from .models import discover
 
@@ -321,6 +400,7 @@ def build_parser(apps: dict[str, EntryPoint] | None = None) -> argparse.Argument
     m = sub.add_parser("models", help="list the shipped models")
     m.set_defaults(func=_models)
     _serve_parser(sub)
+    _import_parser(sub)
     for name in apps if apps is not None else app_commands():
         sub.add_parser(name, help=COMMAND_HELP.get(name, f"see `gpt-serve {name} --help`"), add_help=False)
     return p
@@ -378,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in apps:
         return _run_app(apps[argv[0]], argv[1:])
     args = build_parser(apps).parse_args(argv)
+    args.argv = argv  # as typed, for what a command records of itself (`import`'s model card)
     quiet_model_loading(getattr(args, "verbose", False))
     try:
         return args.func(args)

@@ -5,6 +5,10 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 INIT_SCHEMES = ("normal", "pytorch")
+ACTIVATIONS = ("relu", "gelu")
+# What the attention scores are divided by the square root of: the lesson's final gpt.py and nanoGPT use the head
+# size; gpt.py as first typed in the video used `C**-0.5`, with C the embedding width.
+ATTN_SCALES = ("head_size", "n_embd")
 
 
 class CharGPTConfig(PretrainedConfig):
@@ -13,7 +17,9 @@ class CharGPTConfig(PretrainedConfig):
 
     The defaults are the lesson's final (stage F) architecture. The switches `attn_proj`, `ffwd_mult`,
     `ffwd_proj`, `residual` and `layer_norm` switch off the pieces the lesson adds one at a time, so every stage
-    of its loss ladder (A-F) is a config of this one model (see `training.presets`).
+    of its loss ladder (A-F) is a config of this one model (see `training.presets`). `activation`, the biases
+    (`qkv_bias`, `bias`, `lm_head_bias`, `layer_norm_bias`), `tie_word_embeddings` and `attn_scale` express the
+    other character-level GPTs people train, nanoGPT's `shakespeare_char` among them (`gpt_serve.importing`).
 
     Args:
         vocab_size (`int`, *optional*, defaults to 65):
@@ -36,12 +42,29 @@ class CharGPTConfig(PretrainedConfig):
         ffwd_proj (`bool`, *optional*, defaults to `True`):
             Whether the feed-forward ends with a projection `Linear(ffwd_mult * n_embd, n_embd)` after the ReLU
             (the lesson's stage C has only `Linear -> ReLU`). Requires `ffwd_mult == 1` when `False`.
+        activation (`str`, *optional*, defaults to `"relu"`):
+            The feed-forward's non-linearity: `"relu"` (the lesson's) or `"gelu"` (exact, erf-based: nanoGPT's
+            `nn.GELU()`). Also readable as `hidden_act`.
         residual (`bool`, *optional*, defaults to `True`):
             Whether attention and feed-forward are added to the residual stream (`x = x + f(x)`) or replace it.
         layer_norm (`bool`, *optional*, defaults to `True`):
             Pre-norm LayerNorm before attention and feed-forward, and a final LayerNorm before `lm_head`.
         bias (`bool`, *optional*, defaults to `True`):
-            Bias in the output projection, feed-forward and `lm_head` Linears (key/query/value never have one).
+            Bias in the attention's output projection and the feed-forward Linears (and in `lm_head` unless
+            `lm_head_bias` says otherwise).
+        qkv_bias (`bool`, *optional*, defaults to `False`):
+            Bias in the key/query/value Linear (the lesson's heads have none; nanoGPT's `c_attn` has one unless
+            `bias=False`).
+        lm_head_bias (`bool`, *optional*):
+            Bias in `lm_head`; `None` (the default) follows `bias`. nanoGPT's `lm_head` never has one.
+        layer_norm_bias (`bool`, *optional*, defaults to `True`):
+            Bias (the additive part) in every LayerNorm; nanoGPT's `bias=False` drops it.
+        tie_word_embeddings (`bool`, *optional*, defaults to `False`):
+            Whether `lm_head` reads out through the token embedding matrix itself (one tensor, saved once), as
+            nanoGPT does; the lesson's `lm_head` is its own.
+        attn_scale (`str`, *optional*, defaults to `"head_size"`):
+            Attention scores are `q k^T / sqrt(d)` with d the `"head_size"` (the lesson's final gpt.py, nanoGPT) or
+            `"n_embd"` (gpt.py as first typed in the video, `C**-0.5`: a checkpoint trained so needs it).
         init (`str`, *optional*, defaults to `"normal"`):
             `"normal"`: the lesson's final init, normal(0, `initializer_range`) weights and zero biases.
             `"pytorch"`: PyTorch's default module init, which the lesson used for stages A-E; the ladder's
@@ -61,7 +84,12 @@ class CharGPTConfig(PretrainedConfig):
     model_type = "chargpt"
     # No `max_position_embeddings` alias for `block_size`: it is the window, not a length limit (generation slides
     # past it), and transformers would warn at every generation longer than it.
-    attribute_map = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"}
+    attribute_map = {
+        "hidden_size": "n_embd",
+        "num_attention_heads": "n_head",
+        "num_hidden_layers": "n_layer",
+        "hidden_act": "activation",
+    }
 
     def __init__(
         self,
@@ -77,6 +105,11 @@ class CharGPTConfig(PretrainedConfig):
         residual: bool = True,
         layer_norm: bool = True,
         bias: bool = True,
+        activation: str = "relu",
+        qkv_bias: bool = False,
+        lm_head_bias: bool | None = None,
+        layer_norm_bias: bool = True,
+        attn_scale: str = "head_size",
         init: str = "normal",
         initializer_range: float = 0.02,
         layer_norm_eps: float = 1e-5,
@@ -96,6 +129,11 @@ class CharGPTConfig(PretrainedConfig):
         self.residual = residual
         self.layer_norm = layer_norm
         self.bias = bias
+        self.activation = activation
+        self.qkv_bias = qkv_bias
+        self.lm_head_bias = bias if lm_head_bias is None else lm_head_bias
+        self.layer_norm_bias = layer_norm_bias
+        self.attn_scale = attn_scale
         self.init = init
         self.initializer_range = initializer_range
         self.layer_norm_eps = layer_norm_eps
@@ -135,9 +173,21 @@ class CharGPTConfig(PretrainedConfig):
             raise ValueError(f"vocab_sha256 must be None or 64 lowercase hex digits, got {digest!r}")
         if self.init not in INIT_SCHEMES:
             raise ValueError(f"init must be one of {INIT_SCHEMES}, got {self.init!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.attn_scale not in ATTN_SCALES:
+            raise ValueError(f"attn_scale must be one of {ATTN_SCALES}, got {self.attn_scale!r}")
+        for name in ("bias", "qkv_bias", "lm_head_bias", "layer_norm_bias", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    @property
+    def attention_scaling(self) -> float:
+        """The factor the attention scores `q k^T` are multiplied by: `1 / sqrt(head_size)` or `1 / sqrt(n_embd)`."""
+        return (self.head_size if self.attn_scale == "head_size" else self.n_embd) ** -0.5
 
 
 # save_pretrained copies this file into the folder and writes `auto_map` (for trust_remote_code=True).
 CharGPTConfig.register_for_auto_class()
 
-__all__ = ["CharGPTConfig", "INIT_SCHEMES"]
+__all__ = ["ACTIVATIONS", "ATTN_SCALES", "CharGPTConfig", "INIT_SCHEMES"]

@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 TRAIN_FRACTION = 0.9  # the lesson's split: first 90% train, last 10% validation
+# Tiny Shakespeare's 65 characters in id order (the lesson's `sorted(set(text))`), for a vocabulary without the file
+TINY_SHAKESPEARE_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
 def cache_dir() -> Path:

@@ -3,7 +3,8 @@
 Read top to bottom, it is the lesson's `gpt.py`: token + position embeddings, `n_layer` blocks of
 "communication" (causal multi-head self-attention) followed by "computation" (a position-wise feed-forward),
 each wrapped in pre-norm LayerNorm and a residual connection, then a final LayerNorm and `lm_head`.
-The config switches turn those pieces off to give every stage of the lesson's loss ladder.
+The config switches turn those pieces off to give every stage of the lesson's loss ladder, and swap the few
+that other character-level GPTs (nanoGPT's) do differently: GELU, biases, tied embeddings, the attention scale.
 
 What transformers adds: the attention kernel picked from its registry by `config._attn_implementation` (`"sdpa"`,
 PyTorch's fused kernel, by default; `"eager"` is the lesson's explicit softmax), a KV cache (the `Cache` API; in 5.x
@@ -52,7 +53,8 @@ class CausalSelfAttention(nn.Module):
     """Communication: `n_head` causal self-attention heads, concatenated, then an output projection.
 
     The lesson's `Head` modules (key, query, value Linears without bias) are fused into one `qkv` Linear of the
-    same size, so all heads run in a single matmul and one attention kernel call.
+    same size, so all heads run in a single matmul and one attention kernel call (`gpt_serve.importing` maps a
+    lesson checkpoint's heads into it).
     """
 
     is_causal = True  # read by transformers' attention functions
@@ -63,7 +65,9 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.head_size = config.head_size
         self.dropout = config.dropout
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)  # key, query, value of every head
+        self.scaling = config.attention_scaling  # 1 / sqrt(head_size), the lesson's (see `attn_scale`)
+        # queries of every head, then their keys, then their values (the order of nanoGPT's `c_attn`)
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.qkv_bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias) if config.attn_proj else nn.Identity()
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -75,18 +79,22 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)  # (B, H, S, hs), S = past + T
         dropout = self.dropout if self.training else 0.0
-        y, wei = attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.head_size**-0.5)
+        y, wei = attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling)
         y = y.reshape(B, T, C)  # (B, T, H, hs) -> the heads concatenated: (B, T, C)
         return self.resid_dropout(self.proj(y)), wei
 
 
+ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": nn.GELU}  # `config.activation`; GELU is the exact (erf) one
+
+
 class FeedForward(nn.Module):
-    """Computation: `Linear(n, m*n) -> ReLU -> Linear(m*n, n) -> Dropout`, applied to each position alone."""
+    """Computation: `Linear(n, m*n) -> ReLU -> Linear(m*n, n) -> Dropout`, applied to each position alone (GELU
+    instead of ReLU with `activation="gelu"`)."""
 
     def __init__(self, config: CharGPTConfig):
         super().__init__()
         hidden = config.ffwd_mult * config.n_embd
-        layers = [nn.Linear(config.n_embd, hidden, bias=config.bias), nn.ReLU()]
+        layers = [nn.Linear(config.n_embd, hidden, bias=config.bias), ACTIVATION_MODULES[config.activation]()]
         if config.ffwd_proj:
             layers.append(nn.Linear(hidden, config.n_embd, bias=config.bias))
         layers.append(nn.Dropout(config.dropout))
@@ -96,13 +104,17 @@ class FeedForward(nn.Module):
         return self.net(x)
 
 
+def layer_norm(config: CharGPTConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.layer_norm_bias)
+
+
 class Block(GradientCheckpointingLayer):
     """Communication then computation, each pre-normed and added to the residual stream."""
 
     def __init__(self, config: CharGPTConfig, layer_idx: int):
         super().__init__()
         self.residual = config.residual
-        norm = (lambda: nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps)) if config.layer_norm else nn.Identity
+        norm = (lambda: layer_norm(config)) if config.layer_norm else nn.Identity
         self.ln1 = norm()
         self.sa = CausalSelfAttention(config, layer_idx)
         self.ln2 = norm() if config.ffwd_mult else nn.Identity()
@@ -168,7 +180,8 @@ class CharGPTPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
-            init.zeros_(module.bias)
+            if module.bias is not None:
+                init.zeros_(module.bias)
 
 
 def generation_defaults(config: CharGPTConfig) -> dict:
@@ -186,14 +199,17 @@ def generation_defaults(config: CharGPTConfig) -> dict:
 class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
     """The lesson's GPT with a language-modeling head."""
 
+    # with `tie_word_embeddings` (nanoGPT's), `lm_head` reads out through the token embedding: one tensor
+    _tied_weights_keys = {"lm_head.weight": "token_embedding_table.weight"}
+
     def __init__(self, config: CharGPTConfig):
         super().__init__(config)
         self.token_embedding_table = nn.Embedding(config.vocab_size, config.n_embd)
         self.position_embedding_table = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
-        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps) if config.layer_norm else nn.Identity()
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.bias)
+        self.ln_f = layer_norm(config) if config.layer_norm else nn.Identity()
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.lm_head_bias)
         self.post_init()
         # What `generate()` and `pipeline("text-generation")` do when told nothing (saved as generation_config.json):
         # sample from the whole distribution, as the lesson's `generate` does, and pad with the tokenizer's <pad>.

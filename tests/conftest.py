@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+# Tiny Shakespeare's 65 characters in id order (sorted), so that most tests need no corpus on disk;
+# tests/core/test_tokenizer.py checks them against the corpus.
+from gpt_serve.corpus import TINY_SHAKESPEARE_CHARS
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA_PATH = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
@@ -34,11 +38,6 @@ def data_path() -> Path:
 @pytest.fixture(scope="session")
 def corpus(data_path) -> str:
     return data_path.read_text(encoding="utf-8")
-
-
-# Tiny Shakespeare's 65 characters in id order (sorted), so that most tests need no corpus on disk;
-# tests/core/test_tokenizer.py checks them against the corpus.
-TINY_SHAKESPEARE_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
 @pytest.fixture(scope="session")

@@ -67,7 +67,8 @@ def cpu_dropout_attention(module, query, key, value, attention_mask, dropout=0.0
         return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     T = query.shape[2]
     # The model passes no mask for plain causal attention over all positions (T == S) or for one new token.
-    y = attention_with_dropout(query, key, value, attention_mask, attention_mask is None and T > 1, dropout)
+    causal = attention_mask is None and T > 1
+    y = attention_with_dropout(query, key, value, attention_mask, causal, dropout, scaling)
     return y.transpose(1, 2), None
 
 
@@ -81,8 +82,9 @@ def use_cpu_training_kernels(model: nn.Module) -> None:
                 setattr(module, name, FastDropout(child.p))
 
 
-def attention_with_dropout(q, k, v, attn_mask, is_causal: bool, p: float) -> torch.Tensor:
-    """`softmax(q k^T / sqrt(hs) + mask)`, dropout with probability `p`, times `v`: (B, H, T, hs) in and out.
+def attention_with_dropout(q, k, v, attn_mask, is_causal: bool, p: float, scale: float | None = None) -> torch.Tensor:
+    """`softmax(q k^T * scale + mask)`, dropout with probability `p`, times `v`: (B, H, T, hs) in and out; `scale`
+    is the model's (`config.attention_scaling`), 1 / sqrt(hs) when None.
 
     `attn_mask` is None, an additive (T, S) or (B, 1, T, S) mask; `is_causal` (with T == S) means the causal mask.
     """
@@ -96,7 +98,7 @@ def attention_with_dropout(q, k, v, attn_mask, is_causal: bool, p: float) -> tor
     else:
         bias = None
     flat = [t.reshape(B * H, t.shape[2], hs) for t in (q, k, v)]
-    y = _AttentionWithDropout.apply(*flat, bias, is_causal, p)
+    y = _AttentionWithDropout.apply(*flat, bias, is_causal, hs**-0.5 if scale is None else scale, p)
     return y.view(B, H, T, hs)
 
 
@@ -123,10 +125,9 @@ class _AttentionWithDropout(torch.autograd.Function):
                 yield slice(n0, n0 + rows), slice(j0, j1), slice(0, j1 if causal else S)
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, causal, p):
+    def forward(ctx, q, k, v, bias, causal, scale, p):
         N, T, hs = q.shape
         S = k.shape[1]
-        scale = hs**-0.5
         y = torch.empty_like(q)
         saved = []
         for n, j, s in _AttentionWithDropout.blocks(N, T, S, causal):
@@ -164,4 +165,4 @@ class _AttentionWithDropout(torch.autograd.Function):
             dscores.mul_(ctx.scale * keep_scale)
             dq[n, j] = torch.bmm(dscores, k[n, s])
             dk[n, s] += torch.bmm(dscores.transpose(1, 2), q[n, j])
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None

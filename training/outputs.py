@@ -6,14 +6,12 @@
 - Temporary files of an interrupted run (`.save-*/`, `checkpoints/.*.tmp`, `metrics.tmp.jsonl`, `loss.tmp.png`)
   are removed when the next run starts in the same folder (`remove_stale_temp_files`), once it holds the folder's
   lock (`lock_folder`): a second run started by mistake never deletes a running one's files.
-- A full disk is reported as one (`explain_write_error`): torch's serializer says "PytorchStreamWriter failed
-  writing file" without naming the cause.
-- Files get the usual permissions (0644 under the common umask), not the 0600 of a `tempfile` file.
+- A full disk is reported as one, and files get the usual permissions (`explain_write_error`, `file_mode`: the
+  library's `gpt_serve.writing`, which the importer shares).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
@@ -21,27 +19,13 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from gpt_serve.writing import LOW_SPACE_BYTES, explain_write_error, file_mode, fill  # noqa: F401 (re-exported)
+
 logger = logging.getLogger(__name__)
 
 SAVE_PREFIX = ".save-"
 LAST = "config.json"  # what makes a folder a model folder: moved in after everything else
-LOW_SPACE_BYTES = 16 * 2**20
 RENAMED_OUTPUTS = ("metrics.jsonl", "loss.png")  # written under `temp_path` and renamed (training/report.py)
-
-
-def file_mode() -> int:
-    """The mode a newly created file gets under this process's umask (0644 under the usual 022)."""
-    return 0o666 & ~_umask()
-
-
-def _umask() -> int:
-    try:  # Linux: read it (setting it to read it back would change it for every thread for a moment)
-        with open("/proc/self/status", encoding="ascii") as f:
-            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
-    except (OSError, StopIteration, ValueError):
-        umask = os.umask(0o022)
-        os.umask(umask)
-        return umask
 
 
 def temp_path(path: Path) -> Path:
@@ -55,17 +39,10 @@ def publish_folder(out: Path, write: Callable[[Path], None]) -> None:
     them into `out`, `config.json` last. A failure (or a kill) before the moves leaves `out`'s previous files."""
     tmp = Path(tempfile.mkdtemp(prefix=SAVE_PREFIX, dir=out))
     try:
-        try:
-            write(tmp)
-        except (OSError, RuntimeError) as e:
-            raise explain_write_error(e, tmp) from None
-        mode = file_mode()
+        fill(tmp, write)  # a full disk named as one; the usual file modes
         (out / LAST).unlink(missing_ok=True)  # a folder saved before: not a model folder until the new one lands
         for name in sorted((p.name for p in tmp.iterdir()), key=lambda n: (n == LAST, n)):
-            path = tmp / name
-            if path.is_file():
-                os.chmod(path, mode)
-            os.replace(path, out / name)
+            os.replace(tmp / name, out / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -99,16 +76,3 @@ def lock_folder(out: Path):
             f"another training run is using {out} (it holds {out / '.lock'}); choose another --out"
         ) from None
     return handle
-
-
-def explain_write_error(error: BaseException, path: Path) -> BaseException:
-    """`error` as raised while writing `path`, or an OSError saying the disk is full when it is."""
-    full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
-    if not full:
-        try:
-            full = shutil.disk_usage(path if path.is_dir() else path.parent).free < LOW_SPACE_BYTES
-        except OSError:
-            pass
-    if full:
-        return OSError(errno.ENOSPC, f"no space left on the device to write {path} ({type(error).__name__}: {error})")
-    return error

@@ -47,3 +47,37 @@ def test_round_trip(tmp_path):
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CharGPTConfig(**kwargs)
+
+
+def test_the_switches_default_to_the_lesson_and_old_folders_read_as_before(tmp_path):
+    cfg = CharGPTConfig()
+    assert (cfg.activation, cfg.qkv_bias, cfg.layer_norm_bias, cfg.attn_scale) == ("relu", False, True, "head_size")
+    assert cfg.tie_word_embeddings is False and cfg.lm_head_bias is True and cfg.hidden_act == "relu"
+    assert CharGPTConfig(bias=False).lm_head_bias is False  # follows bias unless told
+    assert CharGPTConfig(bias=False, lm_head_bias=True).lm_head_bias is True
+    assert CharGPTConfig(hidden_act="gelu").activation == "gelu"
+    # a config.json written before the switches existed
+    old = CharGPTConfig(bias=False).to_dict()
+    for key in ("activation", "qkv_bias", "lm_head_bias", "layer_norm_bias", "attn_scale"):
+        del old[key]
+    again = CharGPTConfig.from_dict(old)
+    assert (again.activation, again.lm_head_bias, again.layer_norm_bias, again.attn_scale) == (
+        "relu", False, True, "head_size",
+    )  # fmt: skip
+    cfg = CharGPTConfig(activation="gelu", tie_word_embeddings=True, attn_scale="n_embd", qkv_bias=True)
+    cfg.save_pretrained(tmp_path)
+    assert CharGPTConfig.from_pretrained(tmp_path).to_dict() == cfg.to_dict()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(activation="tanh"), "activation must be one of \\('relu', 'gelu'\\)"),
+        (dict(attn_scale="sqrt"), "attn_scale must be one of \\('head_size', 'n_embd'\\)"),
+        (dict(qkv_bias="yes"), "qkv_bias must be true or false"),
+        (dict(layer_norm_bias=None), "layer_norm_bias must be true or false"),
+    ],
+)
+def test_bad_switches_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        CharGPTConfig(**kwargs)

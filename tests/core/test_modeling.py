@@ -239,3 +239,52 @@ def test_window_modes_agree_with_the_generation_engine():
     from gpt_serve.modeling_chargpt import WINDOW_MODES as MODEL_WINDOW_MODES
 
     assert MODEL_WINDOW_MODES == WINDOW_MODES
+
+
+# nanoGPT's variant, and every switch off its default at once (the importer's other architectures)
+SWITCHES = dict(
+    activation="gelu", bias=False, qkv_bias=True, lm_head_bias=False, layer_norm_bias=False,
+    tie_word_embeddings=True, attn_scale="n_embd",
+)  # fmt: skip
+
+
+def test_the_switches_build_what_they_say():
+    model = make_tiny_model(seed=1, **SWITCHES)
+    block = model.blocks[0]
+    assert isinstance(block.ffwd.net[1], torch.nn.GELU) and block.ffwd.net[1].approximate == "none"
+    assert block.sa.qkv.bias is not None and block.sa.proj.bias is None and block.ffwd.net[0].bias is None
+    assert block.ln1.bias is None and model.ln_f.bias is None and model.lm_head.bias is None
+    assert model.lm_head.weight is model.token_embedding_table.weight
+    assert block.sa.scaling == 32**-0.5  # n_embd, not head_size 8
+    default = make_tiny_model(seed=1)
+    assert isinstance(default.blocks[0].ffwd.net[1], torch.nn.ReLU) and default.blocks[0].sa.qkv.bias is None
+    assert default.lm_head.bias is not None and default.lm_head.weight is not default.token_embedding_table.weight
+    assert default.blocks[0].sa.scaling == 8**-0.5
+
+
+def test_the_switched_model_caches_pads_and_saves_like_the_default(tmp_path, tokenizer):
+    from gpt_serve.generation import generate_tokens
+    from gpt_serve.generation.torch_backend import TorchBackend
+
+    model = make_tiny_model(seed=1, **SWITCHES)
+    with torch.no_grad():  # off their init (zero biases, unit LayerNorms)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    x = torch.randint(0, 65, (1, 12))
+    full = model(x, use_cache=False).logits
+    out = model(x[:, :5], use_cache=True)
+    rest = model(x[:, 5:], cache=out.cache, use_cache=True)
+    torch.testing.assert_close(torch.cat([out.logits, rest.logits], 1), full, rtol=1e-5, atol=1e-5)
+    model.save_pretrained(tmp_path)
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        assert "lm_head.weight" not in f.keys()  # tied: one tensor, saved once
+    again = CharGPTForCausalLM.from_pretrained(tmp_path).eval()
+    assert again.lm_head.weight is again.token_embedding_table.weight
+    torch.testing.assert_close(again(x).logits, full, rtol=0, atol=0)
+    eager = CharGPTForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    torch.testing.assert_close(eager(x).logits, full, rtol=1e-5, atol=1e-5)
+    prompt = [18, 47, 56]  # the engine's decode path (its own Linear and attention) past block_size
+    tokens = [int(t[0]) for t in generate_tokens(TorchBackend(model), [prompt], 40, GREEDY, window_mode="exact")]
+    assert tokens == full_recompute_generate(model, prompt, 40, GREEDY, window_mode="exact")

@@ -148,8 +148,10 @@ def test_validation_catches_a_graph_that_differs_from_the_model(exported_dir):
         dict(n_head=1, n_layer=1, attn_proj=False, ffwd_mult=0, residual=False, layer_norm=False),  # ladder A
         dict(n_layer=1, ffwd_mult=1, ffwd_proj=False, residual=False, layer_norm=False, bias=False),  # ladder C
         dict(block_size=8, n_layer=3, init="pytorch"),  # ladder E's shape, a short window
+        # every switch the importer uses off its default: nanoGPT's GELU, biases, tied embeddings, and C**-0.5
+        dict(activation="gelu", bias=False, qkv_bias=True, tie_word_embeddings=True, attn_scale="n_embd"),
     ],
-    ids=["ladder-a", "ladder-c", "block-8"],
+    ids=["ladder-a", "ladder-c", "block-8", "switches"],
 )
 def test_export_validates_every_ladder_variant(tmp_path, tokenizer, corpus, overrides):
     folder = tmp_path / "model"

@@ -89,6 +89,14 @@ def test_attention_with_nothing_dropped_equals_sdpa():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_the_attention_takes_the_models_scale():
+    """A model with `attn_scale="n_embd"` (gpt.py as typed in the video) trains with its own scale."""
+    q, k, v = (torch.randn(2, 3, 16, 8) for _ in range(3))
+    y = attention_with_dropout(q, k, v, None, True, 1e-7, scale=24**-0.5)  # p rounds to 0
+    torch.testing.assert_close(y, F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=24**-0.5))
+    assert not torch.allclose(y, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-3)
+
+
 def test_training_forward_on_cpu_runs_the_kernel(monkeypatch):
     calls = []
     original = _AttentionWithDropout.forward
