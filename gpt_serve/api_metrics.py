@@ -56,6 +56,17 @@ class Metrics:
                 yield from (running, waiting, tokens)
 
         self.registry.register(Live())
+        self._children: dict[tuple[str, str], tuple] = {}
+
+    def _for(self, model: str, backend: str) -> tuple:
+        """The labelled series of (model, backend), looked up once (`labels()` takes a lock and a dict each call)."""
+        key = (model, backend)
+        if key not in self._children:
+            self._children[key] = tuple(
+                m.labels(model, backend)
+                for m in (self.ttft, self.itl, self.e2e, self.queue, self.prompt_tokens, self.generation_tokens)
+            )
+        return self._children[key]
 
     def tokens_arrived(self, stream, model: str, backend: str, before: int, now: float) -> None:
         """A stream's tokens `before..stream.generated` arrived at `now` (perf_counter): the first one's TTFT and
@@ -63,10 +74,11 @@ class Metrics:
         new = stream.generated - before
         if new <= 0:
             return
+        ttft, itl, _, queue, _, _ = self._for(model, backend)
         if before == 0:
-            self.ttft.labels(model, backend).observe(stream.first_token_at - stream.submitted_at)
+            ttft.observe(stream.first_token_at - stream.submitted_at)
             if stream.admitted_at is not None:
-                self.queue.labels(model, backend).observe(stream.admitted_at - stream.submitted_at)
+                queue.observe(stream.admitted_at - stream.submitted_at)
             new -= 1
             last = stream.first_token_at
         else:
@@ -75,13 +87,14 @@ class Metrics:
         if new > 0:
             gap = max(now - last, 0.0) / new
             for _ in range(new):
-                self.itl.labels(model, backend).observe(gap)
+                itl.observe(gap)
 
     def finish(self, model: str, backend: str, prompt_tokens: int, tokens: int, reason: str, submitted_at: float):
-        self.prompt_tokens.labels(model, backend).inc(prompt_tokens)
-        self.generation_tokens.labels(model, backend).inc(tokens)
+        _, _, e2e, _, prompt, generation = self._for(model, backend)
+        prompt.inc(prompt_tokens)
+        generation.inc(tokens)
         self.finished.labels(model, backend, reason).inc()
-        self.e2e.labels(model, backend).observe(time.perf_counter() - submitted_at)
+        e2e.observe(time.perf_counter() - submitted_at)
 
     def render(self) -> bytes:
         return self._generate(self.registry)
