@@ -43,89 +43,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from training.presets import get_preset  # noqa: E402
 from training.trainer import TrainConfig, Trainer  # noqa: E402
 
-# -- the lesson's gpt.py, written the straightforward way ---------------------------------------------------
+# -- the lesson's gpt.py, written the straightforward way: the tests' reference (tests/core/checkpoint_sources.py),
+# with the lesson's final init and its loss
 
 
-class Head(nn.Module):
-    def __init__(self, n_embd, head_size, block_size, dropout):
-        super().__init__()
-        self.key = nn.Linear(n_embd, head_size, bias=False)
-        self.query = nn.Linear(n_embd, head_size, bias=False)
-        self.value = nn.Linear(n_embd, head_size, bias=False)
-        self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)))
-        self.dropout = nn.Dropout(dropout)
+def lesson_gpt(vocab_size, block_size, n_embd, n_head, n_layer, dropout) -> nn.Module:
+    from tests.core.checkpoint_sources import GPTLanguageModel
 
-    def forward(self, x):
-        B, T, C = x.shape
-        k = self.key(x)  # (B, T, hs)
-        q = self.query(x)  # (B, T, hs)
-        wei = q @ k.transpose(-2, -1) * k.shape[-1] ** -0.5  # (B, T, T)
-        wei = wei.masked_fill(self.tril[:T, :T] == 0, float("-inf"))
-        wei = self.dropout(F.softmax(wei, dim=-1))
-        return wei @ self.value(x)  # (B, T, hs)
+    model = GPTLanguageModel(vocab_size, n_embd, n_head, n_layer, block_size, dropout)
 
-
-class MultiHeadAttention(nn.Module):
-    def __init__(self, n_embd, n_head, block_size, dropout):
-        super().__init__()
-        self.heads = nn.ModuleList([Head(n_embd, n_embd // n_head, block_size, dropout) for _ in range(n_head)])
-        self.proj = nn.Linear(n_embd, n_embd)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x):
-        out = torch.cat([h(x) for h in self.heads], dim=-1)  # (B, T, C)
-        return self.dropout(self.proj(out))
-
-
-class FeedFoward(nn.Module):
-    def __init__(self, n_embd, dropout):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(n_embd, 4 * n_embd), nn.ReLU(), nn.Linear(4 * n_embd, n_embd), nn.Dropout(dropout)
-        )
-
-    def forward(self, x):
-        return self.net(x)
-
-
-class Block(nn.Module):
-    def __init__(self, n_embd, n_head, block_size, dropout):
-        super().__init__()
-        self.sa = MultiHeadAttention(n_embd, n_head, block_size, dropout)
-        self.ffwd = FeedFoward(n_embd, dropout)
-        self.ln1 = nn.LayerNorm(n_embd)
-        self.ln2 = nn.LayerNorm(n_embd)
-
-    def forward(self, x):
-        x = x + self.sa(self.ln1(x))
-        return x + self.ffwd(self.ln2(x))
-
-
-class LessonGPT(nn.Module):
-    def __init__(self, vocab_size, block_size, n_embd, n_head, n_layer, dropout):
-        super().__init__()
-        self.token_embedding_table = nn.Embedding(vocab_size, n_embd)
-        self.position_embedding_table = nn.Embedding(block_size, n_embd)
-        self.blocks = nn.Sequential(*[Block(n_embd, n_head, block_size, dropout) for _ in range(n_layer)])
-        self.ln_f = nn.LayerNorm(n_embd)
-        self.lm_head = nn.Linear(n_embd, vocab_size)
-        self.apply(self._init_weights)
-
-    def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
+    def init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                torch.nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            torch.nn.init.zeros_(module.bias)
 
-    def forward(self, idx, targets):
-        B, T = idx.shape
-        tok_emb = self.token_embedding_table(idx)  # (B, T, C)
-        pos_emb = self.position_embedding_table(torch.arange(T, device=idx.device))  # (T, C)
-        x = self.ln_f(self.blocks(tok_emb + pos_emb))
-        logits = self.lm_head(x)  # (B, T, vocab_size)
-        return F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
+    return model.apply(init_weights)
 
 
 # -- timing -------------------------------------------------------------------------------------------------
@@ -170,7 +103,7 @@ class Lesson:
         t = ours.trainer
         mc, cfg = t.model_config, t.cfg
         torch.manual_seed(cfg.seed)
-        self.model = LessonGPT(mc.vocab_size, mc.block_size, mc.n_embd, mc.n_head, mc.n_layer, mc.dropout)
+        self.model = lesson_gpt(mc.vocab_size, mc.block_size, mc.n_embd, mc.n_head, mc.n_layer, mc.dropout)
         self.model.to(t.rt.device).train()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
@@ -184,7 +117,8 @@ class Lesson:
 
     def step(self):
         x, y = self.dataset.get_batch("train", self.batch_size, self.gen)
-        loss = self.model(x, y)
+        logits = self.model(x)  # (B, T, vocab_size)
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.grad_clip > 0:

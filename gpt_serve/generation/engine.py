@@ -110,17 +110,10 @@ def stream_text(
     server checks it: a bad one raises its `RequestError` (a ValueError) at the first `next()`.
     """
     sampling = sampling or SamplingParams()
+    given = {"seed": seed, "stop": stop, "window_mode": window_mode, "refill_tokens": refill_tokens}
+    sampling_fields = {f.name: getattr(sampling, f.name) for f in dataclasses.fields(sampling)}
     request = parse_request(
-        dict(
-            prompt=prompt,
-            max_new_tokens=max_new_tokens,
-            **{f.name: getattr(sampling, f.name) for f in dataclasses.fields(sampling)},
-            seed=seed,
-            stop=stop,
-            window_mode=window_mode,
-            refill_tokens=refill_tokens,
-            unk_policy=unk_policy,
-        )
+        {"prompt": prompt, "max_new_tokens": max_new_tokens, "unk_policy": unk_policy, **sampling_fields, **given}
     )
     scheduler = inline_scheduler(backend)
     try:

@@ -87,7 +87,7 @@ class GPTLanguageModel(nn.Module):
 
     def forward(self, idx):
         B, T = idx.shape
-        x = self.token_embedding_table(idx) + self.position_embedding_table(torch.arange(T))
+        x = self.token_embedding_table(idx) + self.position_embedding_table(torch.arange(T, device=idx.device))
         return self.lm_head(self.ln_f(self.blocks(x)))
 
 

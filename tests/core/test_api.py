@@ -113,6 +113,14 @@ def test_a_stop_sequence_ends_the_text_before_it(api):
         (dict(extra_body={"top_k": -1}), "top_k must be an integer in [0, 1000000] (0 = no limit), got -1"),
         (dict(extra_body={"backend": "cuda"}), "backend must be one of 'torch' (PyTorch), 'onnx' (ONNX Runtime fp32)"),
         (dict(extra_body={"nucleus": 0.1}), "unknown field 'nucleus'; the fields are ['prompt', 'max_new_tokens'"),
+        (dict(extra_body={"min_p": 2}), "min_p must be a number in [0, 1] (0 = off), got 2"),
+        (dict(frequency_penalty=3), "frequency_penalty must be a number in [-2, 2] (0 = off), got 3"),
+        (dict(n=17), "n must be an integer in [1, 16], got 17"),
+        (dict(n=2, best_of=1), "best_of (1) must be at least n (2)"),
+        (dict(best_of=2, stream=True), "best_of greater than n cannot stream"),
+        (dict(logprobs=21), "logprobs must be an integer in [0, 20], got 21"),
+        (dict(prompt=[1, 2, 999]), "prompt holds ids [999] outside the vocabulary [0, 64]"),
+        (dict(logit_bias={"1": 5}), "logit_bias is not supported"),
     ],
 )
 def test_bad_requests_get_a_400_naming_the_problem(api, kwargs, message):
