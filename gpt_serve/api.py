@@ -42,7 +42,16 @@ from fastapi.routing import APIRoute
 
 from . import __version__
 from .api_metrics import Metrics
-from .api_protocol import APIError, Job, chat_logprobs, completion_logprobs, parse_chat, parse_completion
+from .api_protocol import (
+    APIError,
+    Job,
+    answer,
+    chat_logprobs,
+    completion_logprobs,
+    parse_chat,
+    parse_completion,
+    usage,
+)
 from .generation.logprobs import prompt_logprobs
 from .generation.registry import ModelRegistry, ModelUnavailable
 from .generation.requests import ServerBusy
@@ -222,7 +231,7 @@ def create_router(
             echoed = await anyio.to_thread.run_sync(_echo, registry, job, choices) if job.echo else None
         except APIError as e:
             return error_response(e)
-        return _answer(job, choices, cid, echoed)
+        return answer(job, choices, cid, echoed)
 
     @router.post("/v1/completions")
     async def completions(http: Request):
@@ -317,62 +326,6 @@ def _echo(registry: ModelRegistry, job: Job, choices: list[_Choice]) -> list:
     return out
 
 
-def _best(job: Job, choices: list[_Choice]) -> list[_Choice]:
-    """The n best of each prompt's best_of choices (by their text's logprob), numbered 0.. in order."""
-    if job.best_of == job.n:
-        return choices
-    kept = []
-    for k in range(0, len(choices), job.best_of):
-        kept += sorted(choices[k : k + job.best_of], key=lambda c: -c.score)[: job.n]
-    return kept
-
-
-def _usage(choices: list[_Choice], job: Job) -> dict[str, int]:
-    prompt = sum(len(c.text.prompt_ids) for c in choices[:: job.best_of])  # each prompt once
-    completion = sum(c.text.tokens for c in choices)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _completion_choice(job: Job, choice: _Choice, index: int, echoed) -> dict:
-    t, vocab = choice.text, choice.text.vocab
-    text, logprobs = t.text, None
-    ids = vocab.encode(t.text)
-    if job.logprobs is not None:
-        entries = t.logprobs
-        if echoed is not None:
-            ids, entries = [*t.prompt_ids, *ids], [*echoed, *entries]
-        logprobs = completion_logprobs(vocab, ids, entries, 0)
-    if job.echo:
-        text = t.prompt + t.text
-    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": t.finish_reason}
-
-
-def _chat_choice(job: Job, choice: _Choice, index: int) -> dict:
-    t = choice.text
-    logprobs = chat_logprobs(t.vocab, t.vocab.encode(t.text), t.logprobs) if job.logprobs is not None else None
-    message = {"role": "assistant", "content": t.text}
-    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": t.finish_reason}
-
-
-def _answer(job: Job, choices: list[_Choice], cid: str, echoed) -> dict:
-    kept = _best(job, choices)
-    if job.kind == "chat":
-        out = [_chat_choice(job, c, i) for i, c in enumerate(kept)]
-        kind = "chat.completion"
-    else:
-        per_prompt = [echoed[i // job.n] if echoed else None for i in range(len(kept))]
-        out = [_completion_choice(job, c, i, e) for i, (c, e) in enumerate(zip(kept, per_prompt))]
-        kind = "text_completion"
-    return {
-        "id": cid,
-        "object": kind,
-        "created": int(time.time()),
-        "model": job.model,
-        "choices": out,
-        "usage": _usage(choices, job),
-    }
-
-
 async def _events(job: Job, choices: list[_Choice], cid: str, created: int) -> AsyncIterator[str]:
     """OpenAI's server-sent chunks, choice after choice (each stream keeps its tokens meanwhile); the rows are
     cancelled when the client goes away (the task is cancelled)."""
@@ -411,7 +364,7 @@ async def _events(job: Job, choices: list[_Choice], cid: str, created: int) -> A
                 item.update({"delta": {"content": piece} if piece else {}} if chat else {"text": piece})
                 yield chunk([item])
         if job.include_usage:
-            yield chunk([], _usage(choices, job))
+            yield chunk([], usage(choices, job))
         yield "data: [DONE]\n\n"
     finally:
         for choice in choices:

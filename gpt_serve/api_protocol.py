@@ -1,11 +1,12 @@
 """The OpenAI wire format of the API's requests and answers: what a completions or chat body means (its OpenAI
-fields here, every generation field by the request specification, `generation.spec`), and the `logprobs` objects
-of both formats. No I/O: `gpt_serve.api` serves it.
+fields here, every generation field by the request specification, `generation.spec`), and the answers of both
+formats, `logprobs` objects included. No I/O: `gpt_serve.api` serves it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,4 +198,62 @@ def chat_logprobs(vocab, ids: list[int], entries: list) -> dict:
 
     return {
         "content": [{**item(t, e[0]), "top_logprobs": [item(i, lp) for i, lp in e[1]]} for t, e in zip(ids, entries)]
+    }
+
+
+def best_choices(job: Job, choices: list) -> list:
+    """The n best of each prompt's best_of choices (by their text's logprob), numbered 0.. in order."""
+    if job.best_of == job.n:
+        return choices
+    kept = []
+    for k in range(0, len(choices), job.best_of):
+        kept += sorted(choices[k : k + job.best_of], key=lambda c: -c.score)[: job.n]
+    return kept
+
+
+def usage(choices: list, job: Job) -> dict[str, int]:
+    prompt = sum(len(c.text.prompt_ids) for c in choices[:: job.best_of])  # each prompt once
+    completion = sum(c.text.tokens for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _completion_choice(job: Job, choice, index: int, echoed) -> dict:
+    t, vocab = choice.text, choice.text.vocab
+    text, logprobs = t.text, None
+    ids = vocab.encode(t.text)
+    if job.logprobs is not None:
+        entries = t.logprobs
+        if echoed is not None:
+            ids, entries = [*t.prompt_ids, *ids], [*echoed, *entries]
+        logprobs = completion_logprobs(vocab, ids, entries, 0)
+    if job.echo:
+        text = t.prompt + t.text
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": t.finish_reason}
+
+
+def _chat_choice(job: Job, choice, index: int) -> dict:
+    t = choice.text
+    logprobs = chat_logprobs(t.vocab, t.vocab.encode(t.text), t.logprobs) if job.logprobs is not None else None
+    message = {"role": "assistant", "content": t.text}
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": t.finish_reason}
+
+
+def answer(job: Job, choices: list, cid: str, echoed) -> dict:
+    """The whole answer (not streamed) of `choices` (the API's, each a `TextStream` as `.text`), in OpenAI's format;
+    `echoed`: the prompts' own logprobs, per prompt, for `echo`."""
+    kept = best_choices(job, choices)
+    if job.kind == "chat":
+        out = [_chat_choice(job, c, i) for i, c in enumerate(kept)]
+        kind = "chat.completion"
+    else:
+        per_prompt = [echoed[i // job.n] if echoed else None for i in range(len(kept))]
+        out = [_completion_choice(job, c, i, e) for i, (c, e) in enumerate(zip(kept, per_prompt))]
+        kind = "text_completion"
+    return {
+        "id": cid,
+        "object": kind,
+        "created": int(time.time()),
+        "model": job.model,
+        "choices": out,
+        "usage": usage(choices, job),
     }
