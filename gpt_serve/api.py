@@ -50,6 +50,7 @@ from .api_protocol import (
     completion_logprobs,
     parse_chat,
     parse_completion,
+    require_model,
     usage,
 )
 from .generation.logprobs import prompt_logprobs
@@ -158,10 +159,10 @@ def create_router(
 
     @router.get("/v1/models/{model_id}")
     def retrieve_model(model_id: str):
-        if model_id not in registry.available:
-            message = f"the model {model_id!r} does not exist; this server has {registry.available}"
-            return error_response(APIError(404, message, "model"))
-        return model_object(model_id)
+        try:
+            return model_object(require_model({"model": model_id}, registry, registry.available))
+        except APIError as e:
+            return error_response(e)
 
     def preflight(http: Request):
         """A browser's CORS preflight (it sends no API key): the allowed methods and headers, for a named origin."""
@@ -252,14 +253,9 @@ def create_router(
 
 
 def _vocab_request(registry: ModelRegistry, body, default_backend: str, field: str):
-    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-        raise APIError(400, "model is required: one of " + ", ".join(registry.available), "model")
-    if body["model"] not in registry.available:
-        raise APIError(
-            404, f"the model {body['model']!r} does not exist; this server has {registry.available}", "model"
-        )
+    model = require_model(body, registry, registry.available)
     try:
-        return registry.backend(body["model"], body.get("backend") or default_backend), body.get(field)
+        return registry.backend(model, body.get("backend") or default_backend), body.get(field)
     except ModelUnavailable as e:
         raise APIError(503, str(e), "model", "model_unavailable") from None
     except RequestError as e:

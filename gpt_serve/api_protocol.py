@@ -64,15 +64,21 @@ def _flag(body: dict, name: str) -> bool:
     return value
 
 
+def require_model(body: Any, registry: ModelRegistry, names: list[str]) -> str:
+    """The request's `model`: APIError 400 without one, 404 unless it is one of `names`."""
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or not model:
+        raise APIError(400, "model is required: one of " + ", ".join(registry.available), "model")
+    if model not in names:
+        raise APIError(404, f"the model {model!r} does not exist; this server has {registry.available}", "model")
+    return model
+
+
 def _common(body: Any, registry: ModelRegistry, wire: tuple[str, ...]) -> tuple[str, dict]:
     """The model (400 without one, 404 for an unknown one) and the body's generation fields."""
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise APIError(400, "model is required: one of " + ", ".join(registry.available), "model")
-    if model not in registry.names:
-        raise APIError(404, f"the model {model!r} does not exist; this server has {registry.available}", "model")
+    model = require_model(body, registry, registry.names)
     for name, allowed in OFF.items():
         if body.get(name) not in allowed:
             raise APIError(400, f"{name} is not supported by this server (got {show_value(body.get(name))})", name)

@@ -24,7 +24,7 @@ from .requests import Request
 from .runner import InlineRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
-from .spec import MAX_SEED, parse_request
+from .spec import offset_seed, parse_request
 from .text import TextStream
 
 __all__ = ["WINDOW_MODES", "Backend", "generate_text", "generate_tokens", "inline_scheduler", "stream_text"]
@@ -60,7 +60,7 @@ def generate_tokens(
     try:
         streams = []
         for b, prompt in enumerate(prompts):
-            row_seed = seed if seed is None or b == 0 else (seed + b) % (MAX_SEED + 1)
+            row_seed = seed if seed is None or b == 0 else offset_seed(seed, b)
             request = Request(prompt, max_new_tokens, sampling, row_seed, window_mode, refill_tokens, stop_token_ids)
             try:
                 streams.append(scheduler.submit(request))

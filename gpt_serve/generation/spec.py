@@ -250,8 +250,13 @@ class GenerationRequest:
         object.__setattr__(self, "sampling", sampling)
 
     def seed_for(self, index: int) -> int:
-        """The seed of prompt `index` of a list: `seed + index` (wrapping inside the seed range)."""
-        return (self.seed + index) % (MAX_SEED + 1)
+        """The seed of prompt `index` of a list (`offset_seed`)."""
+        return offset_seed(self.seed, index)
+
+
+def offset_seed(seed: int, index: int) -> int:
+    """The seed of item `index` of a list sent with `seed`: `seed + index`, wrapping inside the seed range."""
+    return (seed + index) % (MAX_SEED + 1)
 
 
 def parse_request(values: Mapping[str, Any], max_new_tokens_limit: int | None = None) -> GenerationRequest:
