@@ -29,6 +29,7 @@ import onnx.numpy_helper
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from gpt_serve import __version__
 from gpt_serve.modeling_chargpt import CharGPTForCausalLM, causal_bias
@@ -70,12 +71,28 @@ COLUMNS = "cache_columns"  # the in-place graph's cache width
 TOTAL = f"{PAST} + {SEQUENCE}"  # Hugging Face's name for the attention mask and `present` length
 
 
+def padding_bias(attention_mask: torch.Tensor, T: int, dtype) -> torch.Tensor:
+    """Additive mask (B, 1, T, S) from a 2D key mask (B, S): causal and no attention to padding.
+
+    Uses the dtype's finite minimum, not -inf: a padding query whose every key is masked gets a uniform (ignored)
+    row instead of NaN.
+    """
+    S = attention_mask.shape[1]
+    bias = causal_bias(T, S, attention_mask.device, dtype)  # (T, S)
+    pad = attention_mask[:, None, None, :] == 0  # (B, 1, 1, S)
+    return bias.masked_fill(pad, torch.finfo(dtype).min)
+
+
 class DecoderWithPast(nn.Module):
     """`CharGPTForCausalLM` with its KV cache as flat tensors in and out, the form an ONNX graph carries.
 
     forward(input_ids (B, T), attention_mask (B, P + T), position_ids (B, T), *past) -> (logits (B, T, V), *present)
     with `past` = key, value of layer 0, key, value of layer 1, ... each (B, H, P, head_size), and `present` the
     same with P + T positions.
+
+    The 2D padding mask becomes the model's additive 4D mask here (`padding_bias`: a causal Trilu, a Where on the
+    padding), which the model uses as given: the few nodes this graph needs, where transformers' mask functions
+    trace to a general index computation with its own Shape and Reshape nodes.
     """
 
     def __init__(self, model: CharGPTForCausalLM):
@@ -87,8 +104,10 @@ class DecoderWithPast(nn.Module):
         cache = DynamicCache(config=self.model.config)
         for i in range(n_layer):
             cache.update(past[2 * i], past[2 * i + 1], i)
+        mask = padding_bias(attention_mask, input_ids.shape[1], self.model.dtype)  # (B, 1, T, P + T)
+        input_ids = input_ids.masked_fill(attention_mask[:, -input_ids.shape[1] :] == 0, 0)  # a pad id: no embedding
         out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=True
+            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=True
         )
         present = []
         for layer in out.cache.layers[:n_layer]:
@@ -136,10 +155,13 @@ class _GroupQueryAttention(torch.autograd.Function):
 
 
 class _InPlaceCache:
-    """The `Cache` API part a block calls, for `DecoderInPlace`: hands each layer's new keys/values on to the
-    attention as they are (it writes them into the cache itself) and keeps the layer's updated buffers."""
+    """For `DecoderInPlace`: the `Cache` API part a block calls (it hands each layer's new keys/values on to the
+    attention as they are: the attention writes them into the cache itself), and what `inplace_attention` reads,
+    passed to it by the blocks as a keyword argument: the cache buffers, each row's last column, the total
+    length, and each layer's updated buffers (`present`)."""
 
-    def __init__(self):
+    def __init__(self, cache, seqlens_k, total):
+        self.cache, self.seqlens_k, self.total = cache, seqlens_k, total
         self.present: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def update(self, key, value, layer_idx, *args, **kwargs):
@@ -147,6 +169,22 @@ class _InPlaceCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
+
+
+def inplace_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, *, inplace, **kwargs):
+    """The attention kernel `DecoderInPlace` traces (registered as `INPLACE_ATTENTION`): one `_GroupQueryAttention`
+    per layer over the buffers of `inplace` (an `_InPlaceCache`), in the registry's (B, T, H, hs) output layout."""
+    B, _, T, _ = query.shape
+    i, state = module.layer_idx, inplace
+    q, k, v = (t.transpose(1, 2).reshape(B, T, -1) for t in (query, key, value))  # (B, T, H * hs)
+    out, *state.present[i] = _GroupQueryAttention.apply(
+        q, k, v, state.cache[2 * i], state.cache[2 * i + 1], state.seqlens_k, state.total, module.n_head, scaling
+    )
+    return out.view(B, T, module.n_head, -1), None
+
+
+INPLACE_ATTENTION = "gpt_serve_export_inplace"
+ALL_ATTENTION_FUNCTIONS.register(INPLACE_ATTENTION, inplace_attention)
 
 
 class DecoderInPlace(nn.Module):
@@ -178,21 +216,13 @@ class DecoderInPlace(nn.Module):
         B, T = input_ids.shape
         seqlens_k = (cache_lengths + T - 1).to(torch.int32)  # each row's last column after this call (0-based)
         total = (cache_lengths.max() + T).to(torch.int32)
-        state = _InPlaceCache()
-
-        def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-            i = module.layer_idx
-            q, k, v = (t.transpose(1, 2).reshape(B, T, -1) for t in (query, key, value))  # (B, T, H * hs)
-            out, *state.present[i] = _GroupQueryAttention.apply(
-                q, k, v, cache[2 * i], cache[2 * i + 1], seqlens_k, total, module.n_head, scaling
-            )
-            return out.view(B, T, module.n_head, -1), None
-
-        x = m.drop(m.token_embedding_table(input_ids) + m.position_embedding_table(position_ids))
-        for block in m.blocks:
-            x, _ = block(x, attention=attention, attention_mask=None, cache=state)
-        logits = m.lm_head(m.ln_f(x[:, -1:]))[:, -1]  # (B, V): the last new token's
-        return (logits, *(t for i in range(len(m.blocks)) for t in state.present[i]))
+        state = _InPlaceCache(cache, seqlens_k, total)
+        body = m.model
+        x = body.drop(body.token_embedding_table(input_ids) + body.position_embedding_table(position_ids))
+        for block in body.blocks:  # the attention is `inplace_attention` (`_trace` sets it), reading `state`
+            x = block(x, attention_mask=None, cache=state, inplace=state)
+        logits = m.lm_head(body.ln_f(x[:, -1:]))[:, -1]  # (B, V): the last new token's
+        return (logits, *(t for i in range(len(body.blocks)) for t in state.present[i]))
 
 
 def inplace_example_inputs(model: CharGPTForCausalLM) -> tuple[torch.Tensor, ...]:
@@ -237,8 +267,9 @@ def dynamic_axes(n_layer: int) -> dict[str, dict[int, str]]:
 
 
 @contextlib.contextmanager
-def eager_attention(model: CharGPTForCausalLM):
-    """While exporting, the model runs the lesson's attention written out (`attn_implementation="eager"`).
+def traced_attention(model: CharGPTForCausalLM, implementation: str = "eager"):
+    """While exporting, the model runs the attention `implementation` of transformers' registry: the lesson's
+    attention written out (`"eager"`) for the Hugging Face layout graph, `INPLACE_ATTENTION` for the in-place one.
 
     Traced, it is six ONNX nodes with a constant scale (MatMul, Mul, Add, Softmax, MatMul, and the key's
     Transpose), which ONNX Runtime fuses. The SDPA path would trace to `aten::scaled_dot_product_attention`, whose
@@ -248,7 +279,7 @@ def eager_attention(model: CharGPTForCausalLM):
     behind design choices"). Same math, checked by `export.validate`.
     """
     previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
+    model.set_attn_implementation(implementation)
     try:
         yield
     finally:
@@ -270,7 +301,7 @@ def export_inplace_fp32(model: CharGPTForCausalLM, path: Path, values: dict[str,
     axes = inplace_dynamic_axes(n_layer)
     example = inplace_example_inputs(model)
     fix = functools.partial(_inplace_output_shapes, n_layer=n_layer, vocab_size=model.config.vocab_size)
-    _trace(model, DecoderInPlace, example, inputs, outputs, axes, path, values, opset, fix)
+    _trace(model, DecoderInPlace, example, inputs, outputs, axes, path, values, opset, fix, INPLACE_ATTENTION)
 
 
 def _inplace_output_shapes(proto: onnx.ModelProto, n_layer: int, vocab_size: int) -> None:
@@ -288,9 +319,21 @@ def _inplace_output_shapes(proto: onnx.ModelProto, n_layer: int, vocab_size: int
             shape.CopyFrom(inputs[cache_of[output.name]].type.tensor_type.shape)
 
 
-def _trace(model, wrapper, example, input_names, output_names, axes, path: Path, values, opset: int, fix=None) -> None:
+def _trace(
+    model,
+    wrapper,
+    example,
+    input_names,
+    output_names,
+    axes,
+    path: Path,
+    values,
+    opset: int,
+    fix=None,
+    attention="eager",
+) -> None:
     model = model.float().eval()
-    with warnings.catch_warnings(), eager_attention(model):
+    with warnings.catch_warnings(), traced_attention(model, attention):
         # Expected: the exporter's deprecation notice, and tracer warnings about the model's input checks
         # (`if bool(...)`) being frozen. The frozen branches are the general ones (see the module docstring).
         warnings.simplefilter("ignore")

@@ -24,24 +24,26 @@ __version__ = "0.1.0"
 _MODEL_CLASSES = {
     "CharGPTConfig": "configuration_chargpt",
     "CharGPTForCausalLM": "modeling_chargpt",
+    "CharGPTModel": "modeling_chargpt",
     "CharTokenizer": "tokenization_chargpt",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from .configuration_chargpt import CharGPTConfig
-    from .modeling_chargpt import CharGPTForCausalLM
+    from .modeling_chargpt import CharGPTForCausalLM, CharGPTModel
     from .tokenization_chargpt import CharTokenizer
 
 
 def register_auto_classes() -> None:
     """Registers `chargpt` with transformers' Auto classes (idempotent; imports torch and transformers)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     from .configuration_chargpt import CharGPTConfig
-    from .modeling_chargpt import CharGPTForCausalLM
+    from .modeling_chargpt import CharGPTForCausalLM, CharGPTModel
     from .tokenization_chargpt import CharTokenizer
 
     AutoConfig.register(CharGPTConfig.model_type, CharGPTConfig, exist_ok=True)
+    AutoModel.register(CharGPTConfig, CharGPTModel, exist_ok=True)
     AutoModelForCausalLM.register(CharGPTConfig, CharGPTForCausalLM, exist_ok=True)
     AutoTokenizer.register(CharGPTConfig, tokenizer_class=CharTokenizer, exist_ok=True)
 
@@ -61,4 +63,11 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_MODEL_CLASSES])
 
 
-__all__ = ["CharGPTConfig", "CharGPTForCausalLM", "CharTokenizer", "register_auto_classes", "__version__"]
+__all__ = [
+    "CharGPTConfig",
+    "CharGPTForCausalLM",
+    "CharGPTModel",
+    "CharTokenizer",
+    "register_auto_classes",
+    "__version__",
+]

@@ -355,6 +355,32 @@ def _import_parser(sub) -> None:
     i.set_defaults(func=_import)
 
 
+def _copy(args: argparse.Namespace) -> int:
+    from .publishing import write_self_contained
+
+    out = write_self_contained(args.model, args.out, replace=args.force)
+    print(
+        f"gpt-serve copy: wrote {out}: it loads without gpt-serve, "
+        f'AutoModelForCausalLM.from_pretrained("{out}", trust_remote_code=True)',
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _copy_parser(sub) -> None:
+    c = sub.add_parser(
+        "copy",
+        help="write a self-contained copy of a model (its code included): for plain transformers or the Hub",
+        description="Copy a shipped model (by name) or a model folder into a new folder that also holds the "
+        "model's code, so that plain transformers loads it with trust_remote_code=True: what a Hugging Face Hub "
+        "repository holds (upload the folder as it is). Written whole or not at all.",
+    )
+    c.add_argument("model", help="shipped model name or model folder")
+    c.add_argument("out", help="the folder to write (must not exist, unless --force)")
+    c.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    c.set_defaults(func=_copy)
+
+
 def _models(args: argparse.Namespace) -> int:
     from .models import discover
 
@@ -401,6 +427,7 @@ def build_parser(apps: dict[str, EntryPoint] | None = None) -> argparse.Argument
     m.set_defaults(func=_models)
     _serve_parser(sub)
     _import_parser(sub)
+    _copy_parser(sub)
     for name in apps if apps is not None else app_commands():
         sub.add_parser(name, help=COMMAND_HELP.get(name, f"see `gpt-serve {name} --help`"), add_help=False)
     return p

@@ -38,7 +38,7 @@ import torch
 from .checkpoints import LESSON, NANOGPT, describe, find_meta, read_meta, read_source, strip_compile_prefix
 from .configuration_chargpt import ATTN_SCALES, CharGPTConfig
 from .corpus import TINY_SHAKESPEARE_CHARS, load_text
-from .modeling_chargpt import CharGPTForCausalLM
+from .modeling_chargpt import CharGPTForCausalLM, upgrade_state_dict
 from .tokenization_chargpt import CharTokenizer
 from .vocab import CharVocab
 from .writing import write_new_folder
@@ -241,6 +241,7 @@ def build_model(config: CharGPTConfig, mapped: dict, origin: dict) -> CharGPTFor
     hyperparameters read from the others, or that is not finite."""
     model = CharGPTForCausalLM(config).eval()
     own = model.state_dict()
+    mapped, origin = upgrade_state_dict(mapped), upgrade_state_dict(origin)  # named as the lesson's: `model.` body
     for target, tensor in mapped.items():
         if tuple(tensor.shape) != tuple(own[target].shape):
             source = origin[target] if isinstance(origin[target], str) else f"the heads of {origin[target][0]}..."

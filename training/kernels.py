@@ -19,6 +19,7 @@ import math
 import torch
 from torch import nn
 from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from gpt_serve.modeling_chargpt import causal_bias
@@ -75,6 +76,8 @@ def cpu_dropout_attention(module, query, key, value, attention_mask, dropout=0.0
 def use_cpu_training_kernels(model: nn.Module) -> None:
     """Switches `model` (a `CharGPTForCausalLM`) to the CPU training kernels, in place (see the module docstring)."""
     AttentionInterface.register(CPU_ATTENTION, cpu_dropout_attention)
+    # SDPA's masks: none for plain causal attention, a boolean one (True = may attend) where padding or packing is
+    ALL_MASK_ATTENTION_FUNCTIONS.register(CPU_ATTENTION, sdpa_mask)
     model.set_attn_implementation(CPU_ATTENTION)
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
@@ -86,10 +89,15 @@ def attention_with_dropout(q, k, v, attn_mask, is_causal: bool, p: float, scale:
     """`softmax(q k^T * scale + mask)`, dropout with probability `p`, times `v`: (B, H, T, hs) in and out; `scale`
     is the model's (`config.attention_scaling`), 1 / sqrt(hs) when None.
 
-    `attn_mask` is None, an additive (T, S) or (B, 1, T, S) mask; `is_causal` (with T == S) means the causal mask.
+    `attn_mask` is None, an additive or boolean (True = may attend) (T, S) or (B, 1, T, S) mask; `is_causal` (with
+    T == S) means the causal mask.
     """
     B, H, T, hs = q.shape
     S = k.shape[2]
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+            ~attn_mask, torch.finfo(q.dtype).min
+        )
     if is_causal:
         bias = causal_bias(T, S, q.device, q.dtype)
     elif attn_mask is not None:

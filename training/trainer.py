@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
 from gpt_serve.corpus import load_text
+from gpt_serve.modeling_chargpt import upgrade_state_dict
 
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .config import ARCH_KEYS, MODEL_KEYS, OPTIMIZATION_KEYS, SCHEDULES, TrainConfig, make_scheduler  # noqa: F401
@@ -145,7 +146,7 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         try:
-            self.model.load_state_dict(state["model"])
+            self.model.load_state_dict(upgrade_state_dict(state["model"]))
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
         except (RuntimeError, KeyError, ValueError) as e:
@@ -338,7 +339,7 @@ class Trainer:
         chosen = self.history[-1] if self.history else {}
         if self.cfg.keep_best and self.best_weights_path().exists():
             best = read_checkpoint(self.best_weights_path())
-            self.model.load_state_dict(best["model"])
+            self.model.load_state_dict(upgrade_state_dict(best["model"]))
             chosen = next((m for m in self.history if m["step"] == best["step"]), chosen)
         result = {
             "step": chosen.get("step"),

@@ -8,9 +8,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..modeling_chargpt import CharGPTForCausalLM, attention_function, padding_bias
+from ..modeling_chargpt import CharGPTForCausalLM
 
 
 class DecodeLinear(nn.Module):
@@ -70,6 +71,7 @@ def decode_attention(module, query, key, value, attention_mask, dropout=0.0, sca
 
 DECODE_ATTENTION = "gpt_serve_decode"
 ALL_ATTENTION_FUNCTIONS.register(DECODE_ATTENTION, decode_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(DECODE_ATTENTION, sdpa_mask)  # the masks SDPA takes: boolean, or none
 
 
 def decode_copy(model: CharGPTForCausalLM) -> CharGPTForCausalLM:
@@ -88,7 +90,20 @@ def decode_copy(model: CharGPTForCausalLM) -> CharGPTForCausalLM:
     return fast
 
 
-class KVBuffer:
+class CacheSizes:
+    """What transformers' mask functions (`create_causal_mask`) ask of a cache, from its `get_seq_length`: the
+    queries' offset and the keys' length and offset a mask must cover."""
+
+    is_compileable = False
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.get_seq_length(layer_idx)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.get_seq_length(layer_idx) + query_length, 0
+
+
+class KVBuffer(CacheSizes):
     """A KV cache of fixed capacity: keys and values are written in place into buffers allocated once.
 
     Implements the part of transformers' `Cache` API that `CharGPTForCausalLM` calls (`update`,
@@ -194,18 +209,18 @@ class TorchBackend:
         attention_mask, the output dataclass: the per-call cost that dominates a one-row step of a small model.
         The same numbers as `run` (tested bit for bit). `padding` (rows, cache columns + 1) is True at each row's
         left padding; with none, no mask at all, as the forward does for an all-ones mask."""
-        m, dtype = self.model, self.dtype
+        m = self.model.model
         ids, pos = (int64_tensor(np.asarray(a)[:, None], self.device) for a in (tokens, positions))
-        # The forward's own mask (`padding_bias` of the 2-D key mask), or none where nothing is padded, as it does.
-        bias = padding_bias(torch.from_numpy(~padding).to(self.device), 1, dtype) if padding.any() else None
+        # The forward's own mask for one query over a 2-D key mask (boolean, True = may attend), or none where
+        # nothing is padded, as it does.
+        mask = torch.from_numpy(~padding).to(self.device)[:, None, None, :] if padding.any() else None
         x = m.drop(m.token_embedding_table(ids) + m.position_embedding_table(pos))
-        attention = attention_function(m.config)
         for block in m.blocks:
-            x, _ = block(x, attention=attention, attention_mask=bias, cache=cache)
-        return m.lm_head(m.ln_f(x))[:, -1].float().cpu().numpy()
+            x = block(x, attention_mask=mask, cache=cache)
+        return self.model.lm_head(m.ln_f(x))[:, -1].float().cpu().numpy()
 
 
-class BatchKV:
+class BatchKV(CacheSizes):
     """The KV caches of a `TorchDecodeBatch`'s rows: per layer one buffer (max_rows, H, capacity, hs), allocated
     once and zeroed (masked columns must hold finite numbers).
 

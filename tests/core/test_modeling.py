@@ -110,7 +110,7 @@ def test_attention_weights_are_causal_and_normalised(tiny_model):
 @pytest.mark.parametrize("init", ["normal", "pytorch"])
 def test_init_schemes(init):
     model = make_tiny_model(init=init, n_embd=64)
-    w = model.blocks[0].ffwd.net[0].weight
+    w = model.model.blocks[0].ffwd.net[0].weight
     if init == "normal":
         assert abs(w.std().item() - 0.02) < 0.003 and model.lm_head.bias.abs().max() == 0
     else:  # kaiming-uniform: bound 1/sqrt(fan_in) = 0.125, std = bound / sqrt(3)
@@ -250,16 +250,18 @@ SWITCHES = dict(
 
 def test_the_switches_build_what_they_say():
     model = make_tiny_model(seed=1, **SWITCHES)
-    block = model.blocks[0]
+    block = model.model.blocks[0]
     assert isinstance(block.ffwd.net[1], torch.nn.GELU) and block.ffwd.net[1].approximate == "none"
     assert block.sa.qkv.bias is not None and block.sa.proj.bias is None and block.ffwd.net[0].bias is None
-    assert block.ln1.bias is None and model.ln_f.bias is None and model.lm_head.bias is None
-    assert model.lm_head.weight is model.token_embedding_table.weight
+    assert block.ln1.bias is None and model.model.ln_f.bias is None and model.lm_head.bias is None
+    assert model.lm_head.weight is model.model.token_embedding_table.weight
     assert block.sa.scaling == 32**-0.5  # n_embd, not head_size 8
     default = make_tiny_model(seed=1)
-    assert isinstance(default.blocks[0].ffwd.net[1], torch.nn.ReLU) and default.blocks[0].sa.qkv.bias is None
-    assert default.lm_head.bias is not None and default.lm_head.weight is not default.token_embedding_table.weight
-    assert default.blocks[0].sa.scaling == 8**-0.5
+    assert (
+        isinstance(default.model.blocks[0].ffwd.net[1], torch.nn.ReLU) and default.model.blocks[0].sa.qkv.bias is None
+    )
+    assert default.lm_head.bias is not None and default.lm_head.weight is not default.model.token_embedding_table.weight
+    assert default.model.blocks[0].sa.scaling == 8**-0.5
 
 
 def test_the_switched_model_caches_pads_and_saves_like_the_default(tmp_path, tokenizer):
@@ -281,7 +283,7 @@ def test_the_switched_model_caches_pads_and_saves_like_the_default(tmp_path, tok
     with safe_open(tmp_path / "model.safetensors", "pt") as f:
         assert "lm_head.weight" not in f.keys()  # tied: one tensor, saved once
     again = CharGPTForCausalLM.from_pretrained(tmp_path).eval()
-    assert again.lm_head.weight is again.token_embedding_table.weight
+    assert again.lm_head.weight is again.model.token_embedding_table.weight
     torch.testing.assert_close(again(x).logits, full, rtol=0, atol=0)
     eager = CharGPTForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
     torch.testing.assert_close(eager(x).logits, full, rtol=1e-5, atol=1e-5)

@@ -52,7 +52,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         model = make_tiny_model().train()
         if checkpointing:
             model.activation_checkpointing_enable()
-            assert all(block.gradient_checkpointing for block in model.blocks)
+            assert all(block.gradient_checkpointing for block in model.model.blocks)
         model(x, labels=x).loss.backward()
         grads.append([p.grad for p in model.parameters()])
     for a, b in zip(*grads, strict=True):
@@ -61,6 +61,8 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_eager_attention_is_used_when_asked_and_matches_sdpa(tmp_path, tiny_model, padded):
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
     import gpt_serve.modeling_chargpt as modeling
 
     tiny_model.save_pretrained(tmp_path)
@@ -73,11 +75,14 @@ def test_eager_attention_is_used_when_asked_and_matches_sdpa(tmp_path, tiny_mode
     calls = []
     original = modeling.eager_attention
     modeling.ALL_ATTENTION_FUNCTIONS.register("spy_eager", lambda *a, **k: calls.append(1) or original(*a, **k))
+    # transformers' contract for a registered kernel: it names the masks it takes (here eager's, additive)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("spy_eager", eager_mask)
     eager.set_attn_implementation("spy_eager")
     a = eager(x, attention_mask=mask, use_cache=False).logits
     b = tiny_model(x, attention_mask=mask, use_cache=False).logits
     assert len(calls) == eager.config.n_layer
-    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    real = mask.bool()  # a padding position's logits are not defined (both kernels mask every key it has)
+    torch.testing.assert_close(a[real], b[real], rtol=1e-5, atol=1e-5)
 
 
 def test_compiles_as_one_graph_with_an_attention_mask(tiny_model):
@@ -93,8 +98,21 @@ def test_compiles_as_one_graph_with_an_attention_mask(tiny_model):
     )
 
 
-def test_the_model_is_its_own_base_model(tiny_model):
-    assert tiny_model.base_model is tiny_model
+def test_the_body_is_the_base_model_and_automodel_gives_its_hidden_states(tiny_model_dir, tiny_model):
+    from transformers import AutoModel
+
+    from gpt_serve.modeling_chargpt import CharGPTModel
+
+    assert isinstance(tiny_model.base_model, CharGPTModel) and tiny_model.base_model is tiny_model.model
+    body = AutoModel.from_pretrained(tiny_model_dir).eval()
+    head = CharGPTForCausalLM.from_pretrained(tiny_model_dir).eval()
+    assert type(body) is CharGPTModel
+    x = torch.randint(0, 65, (2, 10))
+    hidden = body(x).last_hidden_state
+    assert hidden.shape == (2, 10, body.config.n_embd)
+    out = head(x, output_hidden_states=True)
+    torch.testing.assert_close(hidden, out.hidden_states[-1])
+    torch.testing.assert_close(head.lm_head(hidden), out.logits)
 
 
 def test_pipeline_samples_shakespeare_with_no_warning(tmp_path):

@@ -115,7 +115,7 @@ def test_training_forward_on_cpu_runs_the_kernel(monkeypatch):
     loss = model(x, labels=x, use_cache=False).loss
     loss.backward()
     assert calls == [0.1] * model.config.n_layer
-    assert all(p.grad is not None for p in model.blocks[0].sa.qkv.parameters())
+    assert all(p.grad is not None for p in model.model.blocks[0].sa.qkv.parameters())
     calls.clear()
     model.eval()  # evaluation takes SDPA: the same logits as a model without the kernels
     reference = make_tiny_model(dropout=0.1)

@@ -118,15 +118,15 @@ def _copy_attention(ours, ref: MultiHeadAttention):
 
 @torch.no_grad()
 def copy_lesson_weights(model: CharGPTForCausalLM, ref: LessonModel) -> None:
-    model.token_embedding_table.load_state_dict(ref.token_embedding_table.state_dict())
-    model.position_embedding_table.load_state_dict(ref.position_embedding_table.state_dict())
+    model.model.token_embedding_table.load_state_dict(ref.token_embedding_table.state_dict())
+    model.model.position_embedding_table.load_state_dict(ref.position_embedding_table.state_dict())
     model.lm_head.load_state_dict(ref.lm_head.state_dict())
     if ref.stage in ("a", "b", "c"):
-        _copy_attention(model.blocks[0].sa, ref.sa_head)
+        _copy_attention(model.model.blocks[0].sa, ref.sa_head)
         if ref.stage == "c":
-            model.blocks[0].ffwd.net[0].load_state_dict(ref.ffwd.net[0].state_dict())
+            model.model.blocks[0].ffwd.net[0].load_state_dict(ref.ffwd.net[0].state_dict())
         return
-    for ours, theirs in zip(model.blocks, ref.blocks, strict=True):
+    for ours, theirs in zip(model.model.blocks, ref.blocks, strict=True):
         _copy_attention(ours.sa, theirs.sa)
         ours.ffwd.net[0].load_state_dict(theirs.ffwd.net[0].state_dict())
         ours.ffwd.net[2].load_state_dict(theirs.ffwd.net[2].state_dict())
@@ -134,7 +134,7 @@ def copy_lesson_weights(model: CharGPTForCausalLM, ref: LessonModel) -> None:
             ours.ln1.load_state_dict(theirs.ln1.state_dict())
             ours.ln2.load_state_dict(theirs.ln2.state_dict())
     if ref.stage == "e":
-        model.ln_f.load_state_dict(ref.ln_f.state_dict())
+        model.model.ln_f.load_state_dict(ref.ln_f.state_dict())
 
 
 def n_params(module: nn.Module) -> int:
@@ -170,9 +170,9 @@ def test_reference_tells_stages_apart():
     ref_c = LessonModel("c").eval()
     ours_b = ladder_model("ladder-b")
     with torch.no_grad():
-        _copy_attention(ours_b.blocks[0].sa, ref_c.sa_head)
-        ours_b.token_embedding_table.load_state_dict(ref_c.token_embedding_table.state_dict())
-        ours_b.position_embedding_table.load_state_dict(ref_c.position_embedding_table.state_dict())
+        _copy_attention(ours_b.model.blocks[0].sa, ref_c.sa_head)
+        ours_b.model.token_embedding_table.load_state_dict(ref_c.token_embedding_table.state_dict())
+        ours_b.model.position_embedding_table.load_state_dict(ref_c.position_embedding_table.state_dict())
         ours_b.lm_head.load_state_dict(ref_c.lm_head.state_dict())
         idx = torch.randint(VOCAB, (2, BLOCK))
         assert not torch.allclose(ours_b(input_ids=idx, use_cache=False).logits, ref_c(idx), atol=1e-3)

@@ -130,7 +130,9 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path, make_config):
     torch.testing.assert_close(_params(big), _params(acc), rtol=0, atol=0)
     loss_big, loss_acc = big.train_step(), acc.train_step()
     torch.testing.assert_close(loss_acc, loss_big, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(_params(acc), _params(big), rtol=1e-5, atol=1e-6)
+    # AdamW's first step divides each gradient by its own magnitude: a weight whose gradient is ~0 moves by the
+    # summation order's rounding noise (seen: 5e-6 on one weight of 4096)
+    torch.testing.assert_close(_params(acc), _params(big), rtol=1e-5, atol=1e-5)
     assert big.tokens_per_step == acc.tokens_per_step == 8 * 16
 
 

@@ -115,5 +115,5 @@ def test_weights_of_another_model_are_refused(exported_dir, tmp_path):
     folder = copy(exported_dir, tmp_path)
     other = make_tiny_model(n_layer=1).state_dict()  # a layer short: missing tensors
     save_file({k: v.contiguous() for k, v in other.items()}, str(folder / "model.safetensors"))
-    with pytest.raises(ValueError, match="does not hold this model's weights \\(missing keys: \\['blocks.1"):
+    with pytest.raises(ValueError, match="does not hold this model's weights \\(missing keys: \\['model.blocks.1"):
         load_backend(folder, "torch")
