@@ -5,15 +5,16 @@
     gpt-serve serve --port 8000       # the OpenAI-compatible API (POST /v1/completions), no web page
     gpt-serve serve --ray --replicas 2 --threads 1   # the same API, as Ray Serve replicas (the `ray` extra)
     gpt-serve import ckpt.pt my-model  # bring your own model: the lesson's gpt.py or nanoGPT, then ONNX-exported
+    gpt-serve record-vocab FOLDER     # record vocab.json's sha256 in config.json (a folder that lacks it)
     gpt-serve train ...               # the training pipeline (python -m training from a clone)
     gpt-serve ladder ...              # the lesson's loss ladder (python -m training.ladder)
     gpt-serve export MODEL ...        # ONNX export (python -m export)
     gpt-serve demo ...                # the Gradio demo (python -m demo)
 
-`generate`, `models`, `serve` and `import` are the library's own. The other subcommands are the applications, which
-the library never imports: each registers itself as an entry point of the `gpt_serve.commands` group (see
-pyproject.toml), and only the one asked for is loaded, so `generate --backend onnx` never imports torch. `import`
-runs the `export` application the same way on the folder it wrote.
+`generate`, `models`, `serve`, `import` and `record-vocab` are the library's own. The other subcommands are the
+applications, which the library never imports: each registers itself as an entry point of the `gpt_serve.commands`
+group (see pyproject.toml), and only the one asked for is loaded, so `generate --backend onnx` never imports torch.
+`import` runs the `export` application the same way on the folder it wrote.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import sys
 import time
 from importlib.metadata import EntryPoint, entry_points
 
-from .generation import BACKENDS, WINDOW_MODES, load_backend, parse_request
+from .generation import BACKENDS, WINDOW_MODES, EngineError, load_backend, parse_request
 from .generation.engine import inline_scheduler
 from .generation.spec import FIELDS_BY_NAME, MAX_NEW_TOKENS
 from .generation.text import TextStream
@@ -355,6 +356,14 @@ def _import_parser(sub) -> None:
     i.set_defaults(func=_import)
 
 
+def _record_vocab(args: argparse.Namespace) -> int:
+    from .generation.loading import record_vocab_sha256
+
+    path, digest = record_vocab_sha256(args.model)
+    print(f"gpt-serve record-vocab: {path} now records vocab_sha256 {digest}")
+    return 0
+
+
 def _models(args: argparse.Namespace) -> int:
     from .models import discover
 
@@ -401,6 +410,15 @@ def build_parser(apps: dict[str, EntryPoint] | None = None) -> argparse.Argument
     m.set_defaults(func=_models)
     _serve_parser(sub)
     _import_parser(sub)
+    v = sub.add_parser(
+        "record-vocab",
+        help="record the sha256 of a folder's vocab.json in its config.json (vocab_sha256)",
+        description="Write the sha256 of MODEL's vocab.json into its config.json as vocab_sha256, which every loader "
+        "then checks. A folder without it loads only if its vocabulary is in the lesson's sorted order; run this "
+        "only for a vocabulary you know to be the one the model was trained with.",
+    )
+    v.add_argument("model", help="a model folder (or a shipped model name)")
+    v.set_defaults(func=_record_vocab)
     for name in apps if apps is not None else app_commands():
         sub.add_parser(name, help=COMMAND_HELP.get(name, f"see `gpt-serve {name} --help`"), add_help=False)
     return p
@@ -462,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_model_loading(getattr(args, "verbose", False))
     try:
         return args.func(args)
-    except (ValueError, TypeError, OSError, ImportError) as e:  # OSError: missing or unreadable files
+    except (ValueError, TypeError, OSError, ImportError, EngineError) as e:  # OSError: missing or unreadable files
         print(f"gpt-serve: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
