@@ -42,6 +42,23 @@ def serving(app):
         thread.join(timeout=10)
 
 
+def python_with_only(package: str, venv: Path) -> Path:
+    """The interpreter of a new venv at `venv` (no pip, no system site-packages) that can import `package`, from this
+    environment's installed copy, and nothing else installed: a user's machine with only that package. Offline and
+    fast (a `.pth` file points at a folder that links to the one package)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    only = venv / "only"
+    only.mkdir()
+    (only / package).symlink_to(Path(importlib.util.find_spec(package).origin).parent)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / f"only-{package}.pth").write_text(f"{only}\n", encoding="utf-8")
+    return venv / "bin" / "python"
+
+
 def wait_until(condition, timeout: float = 10.0, interval: float = 0.02) -> bool:
     """Polls `condition()` until it is true or `timeout` seconds pass; returns its last value."""
     deadline = time.monotonic() + timeout
