@@ -48,16 +48,24 @@ PORT_HINT = "another server holds the port? choose another with --port N"  # `gp
 EXTRAS = {"train": "train", "ladder": "train", "export": "export", "demo": "demo"}
 
 
-def quiet_model_loading(verbose: bool = False) -> None:
-    """No "Loading weights" progress bar from transformers in the commands' output, unless `verbose` (or
-    `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment)."""
-    if verbose:
+def quiet_model_loading(show: bool = False) -> None:
+    """No "Loading weights" progress bar from transformers in the commands' output, unless `show` (`--progress`,
+    `--verbose`) or `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment (which `show` sets, so that the library's
+    own quiet loading, `generation.loading.quiet_weight_loading`, keeps the bar too)."""
+    if show:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "0"
         return
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] != "0":  # read at its import
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
+
+
+def add_progress_argument(parser, default: bool = False, help: str = "show transformers' weight-loading bar") -> None:
+    """`--progress` / `--no-progress`, the one spelling of every command's progress switch (`gpt-serve` and its
+    subcommands, `python -m training`, the ladder, the export, the demo)."""
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=default, help=help)
 
 
 def _default(field: str):
@@ -352,7 +360,8 @@ def _import_parser(sub) -> None:
     i.add_argument("--force", action="store_true", help="replace OUT if it exists")
     i.add_argument("--no-export", action="store_true", help="write the folder only, no ONNX export")
     i.add_argument("--threads", type=thread_count, default=None, help="torch and ONNX Runtime threads (none: all CPUs)")
-    i.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
+    i.add_argument("--verbose", action="store_true", help="the same as --progress")
+    add_progress_argument(i)
     i.set_defaults(func=_import)
 
 
@@ -404,7 +413,8 @@ def build_parser(apps: dict[str, EntryPoint] | None = None) -> argparse.Argument
     g.add_argument("--threads", type=thread_count, default=None, help="threads per forward pass (none: all CPUs)")
     g.add_argument("--no-echo", action="store_true", help="do not print the prompt before the continuation")
     g.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
-    g.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
+    g.add_argument("--verbose", action="store_true", help="the same as --progress")
+    add_progress_argument(g)
     g.set_defaults(func=_generate)
     m = sub.add_parser("models", help="list the shipped models")
     m.set_defaults(func=_models)
@@ -453,7 +463,8 @@ def _serve_parser(sub) -> None:
         choices=["debug", "info", "warning", "error"],
         help="the server's (with --ray: the replicas')",
     )
-    s.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
+    s.add_argument("--verbose", action="store_true", help="the same as --progress")
+    add_progress_argument(s)
     add_api_arguments(s)
     s.add_argument(
         "--no-preload",
@@ -477,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run_app(apps[argv[0]], argv[1:])
     args = build_parser(apps).parse_args(argv)
     args.argv = argv  # as typed, for what a command records of itself (`import`'s model card)
-    quiet_model_loading(getattr(args, "verbose", False))
+    quiet_model_loading(getattr(args, "verbose", False) or getattr(args, "progress", False))
     try:
         return args.func(args)
     except (ValueError, TypeError, OSError, ImportError, EngineError) as e:  # OSError: missing or unreadable files
