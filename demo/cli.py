@@ -21,6 +21,7 @@ import time
 
 from gpt_serve.cli import (
     add_api_arguments,
+    add_progress_argument,
     api_options,
     check_port_free,
     max_tokens_limit,
@@ -119,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--verbose", action="store_true", help="INFO logs (every HTTP request Gradio makes) and progress bars"
     )
+    add_progress_argument(p, help="show progress bars (transformers' weight-loading bar)")
     add_api_arguments(p)  # the mounted OpenAI-compatible API: the same access flags as `gpt-serve serve`
     return p
 
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"demo: error: {e}", file=sys.stderr)
         return 2
-    quiet_model_loading(args.verbose)
+    quiet_model_loading(args.verbose or args.progress)
     level = args.log_level or ("INFO" if args.verbose else "WARNING")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home unless the user asks for them

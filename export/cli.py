@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gpt_serve.cli import quiet_model_loading, thread_count
+from gpt_serve.cli import add_progress_argument, quiet_model_loading, thread_count
 from gpt_serve.models import DEFAULT_MODEL
 
 from .onnx_export import OPSET
@@ -67,6 +67,7 @@ def build_parser(prog: str = "python -m export") -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-model-card", action="store_true", help="leave MODEL_DIR/README.md alone")
     parser.add_argument("--verbose", action="store_true", help="show progress bars and INFO logs")
+    add_progress_argument(parser, help="show progress bars (transformers' weight-loading bar)")
     return parser
 
 
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     via_gpt_serve = Path(sys.argv[0]).name in ("gpt-serve", "gpt_serve")
     args = build_parser("gpt-serve export" if via_gpt_serve else "python -m export").parse_args(argv)
-    quiet_model_loading(args.verbose)
+    quiet_model_loading(args.verbose or args.progress)
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     for name, value in (("--decode-steps", args.decode_steps), ("--val-tokens", args.val_tokens)):

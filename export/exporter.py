@@ -7,6 +7,7 @@ The graphs are written to a temporary folder next to the model, checked (see `ex
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -82,6 +83,7 @@ class ExportReport:
     model_dir: Path
     opset: int
     files: dict[str, int] = field(default_factory=dict)  # path relative to model_dir -> bytes
+    sha256: dict[str, str] = field(default_factory=dict)  # path relative to model_dir -> the file's sha256
     # `parity`, `checker`: by graph, "fp32" and "int8" (the Hugging Face layout) and "fp32 in-place", "int8 in-place"
     seconds: dict[str, float] = field(default_factory=dict)  # export, quantize, validate
     checker: dict[str, str] = field(default_factory=dict)  # weights -> "ok" or the checker's error
@@ -203,6 +205,7 @@ def _write_graphs(model, vocab, source_sha256, work: Path, quantize: bool, opset
         report.seconds["quantize"] = time.perf_counter() - start
     for path in graphs.values():
         report.files[f"{ONNX_SUBDIR}/{path.name}"] = path.stat().st_size
+        report.sha256[f"{ONNX_SUBDIR}/{path.name}"] = hashlib.sha256(path.read_bytes()).hexdigest()
     return graphs
 
 

@@ -65,9 +65,12 @@ def format_report(report: ExportReport) -> str:
 
 
 def card_section(report: ExportReport, command: str) -> str:
-    """The model card's ONNX section (markdown), between the markers."""
+    """The model card's ONNX section (markdown), between the markers. It records what was written (each file's size
+    and sha256) and how, never when or how long it took: the same folder exported by the same command and versions
+    gives the same card, byte for byte, as it gives the same graphs."""
     sizes = "\n".join(
-        f"| `{name}` | {'int8 weights, one scale per output column' if 'quantized' in name else 'fp32'} | {_mb(size)} |"
+        f"| `{name}` | {'int8 weights, one scale per output column' if 'quantized' in name else 'fp32'} | {_mb(size)} "
+        f"| `{report.sha256.get(name, '')[:16]}` |"
         for name, size in report.files.items()
     )
     parity = "\n".join(f"- ONNX Runtime vs PyTorch, {w}: {_parity_line(report, w)}." for w in report.parity)
@@ -83,7 +86,6 @@ def card_section(report: ExportReport, command: str) -> str:
         if v is not None
         else "- int8: not exported."
     )
-    times = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
     versions = ", ".join(f"{k} {v}" for k, v in report.versions.items())
     eos = "the training text's rarest character" if v is not None else "the vocabulary's last character"
     shipped = report.model_dir.resolve().parent == MODELS_DIR
@@ -94,8 +96,8 @@ def card_section(report: ExportReport, command: str) -> str:
 Exported and validated by `{command}`
 ({report.exporter_version}, {report.exporter} exporter, opset {report.opset}; {versions}).
 
-| file | weights | size |
-|---|---|---|
+| file | weights | size | sha256 (first 16 hex digits) |
+|---|---|---|---|
 {sizes}
 
 `model*.onnx`: one decoder graph with a KV cache in Hugging Face's layout serves prefill (empty past) and decode.
@@ -112,7 +114,6 @@ the vocabulary's sha256, checked against `vocab.json` at load time.
 - `onnx.checker`: {", ".join(f"{k} {c}" for k, c in report.checker.items())}.
 {parity}
 {val}
-- Time: {times}.
 
 ```python
 from gpt_serve.generation import SamplingParams, load_backend, stream_text  # needs only numpy + onnxruntime

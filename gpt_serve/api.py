@@ -12,11 +12,12 @@
     GET  /health, /version, /metrics     liveness, the package version, Prometheus' text format (`api_metrics`)
 
 Answers follow OpenAI's wire format, errors included (`{"error": {"message", "type", "param", "code"}}`: 400 a bad
-request, named; 401 without the API key; 404 an unknown model or route; 405; 429 the scheduler's queue is full; 503 a
-model that cannot be served here). Every choice is a `TextStream` on the model's `Scheduler`, as on every other
-surface; a client that disconnects frees its rows. `max_tokens_limit` lowers the specification's limit of
-max_tokens. With `api_key`, every route but /health (and /metrics unless `metrics_need_key`) needs
-`Authorization: Bearer <key>`, compared in constant time.
+request, named; 401 without the API key; 404 an unknown model or route; 405; 429 the scheduler's queue is full; 503
+a model that cannot be served here; 422 `model_error` when the model computes NaN or infinite logits, which are
+never sampled: that request ends, the others go on; a stream then ends with an `error` event and `[DONE]`). Every
+choice is a `TextStream` on the model's `Scheduler`, as on every other surface; a client that disconnects frees its
+rows. `max_tokens_limit` lowers the specification's limit of max_tokens. With `api_key`, every route but /health
+(and /metrics unless `metrics_need_key`) needs `Authorization: Bearer <key>`, compared in constant time.
 
     app = create_app(ModelRegistry.discover(), api_key="s3cret", allow_origins=["https://example.org"])
     demo_app.include_router(create_router(registry, api_key=...))    # beside the Gradio demo, in the same process
@@ -55,7 +56,7 @@ from .api_protocol import (
 )
 from .generation.logprobs import prompt_logprobs
 from .generation.registry import ModelRegistry, ModelUnavailable
-from .generation.requests import ServerBusy
+from .generation.requests import EngineError, ServerBusy
 from .generation.spec import RequestError, show_value
 from .generation.text import TextStream, encode_prompt
 
@@ -63,12 +64,24 @@ REPLICA_HEADER = "x-gpt-serve-replica"
 API_KEY_ENV = "GPT_SERVE_API_KEY"
 CODES = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 429: "server_busy"}
 CODES[503] = "model_unavailable"
+# A request the model failed (`EngineError`: NaN or infinite logits): the request could not be processed, and no
+# server error either, for the server goes on serving every other request.
+MODEL_ERROR_STATUS = 422
+CODES[MODEL_ERROR_STATUS] = "model_error"
+
+
+def error_object(e: APIError) -> dict:
+    """OpenAI's error object: `{"error": {"message", "type", "param", "code"}}`."""
+    code = "model_not_found" if e.status == 404 and e.param == "model" else CODES.get(e.status)
+    return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": code}}
 
 
 def error_response(e: APIError) -> JSONResponse:
-    code = "model_not_found" if e.status == 404 and e.param == "model" else CODES.get(e.status)
-    error = {"message": e.message, "type": e.type, "param": e.param, "code": code}
-    return JSONResponse({"error": error}, status_code=e.status)
+    return JSONResponse(error_object(e), status_code=e.status)
+
+
+def model_failure(e: EngineError) -> APIError:
+    return APIError(MODEL_ERROR_STATUS, str(e), None, "model_error")
 
 
 class _Choice:
@@ -225,6 +238,8 @@ def create_router(
             for choice in choices:
                 while not choice.text.done:
                     await choice.take()
+        except EngineError as e:
+            return error_response(model_failure(e))
         finally:
             for choice in choices:
                 choice.text.cancel()
@@ -361,6 +376,10 @@ async def _events(job: Job, choices: list[_Choice], cid: str, created: int) -> A
                 yield chunk([item])
         if job.include_usage:
             yield chunk([], usage(choices, job))
+    except EngineError as e:  # the model failed this request: an error event (OpenAI's clients raise it), the end
+        yield f"data: {json.dumps(error_object(model_failure(e)))}\n\n"
+        yield "data: [DONE]\n\n"
+    else:
         yield "data: [DONE]\n\n"
     finally:
         for choice in choices:

@@ -5,15 +5,16 @@
     gpt-serve serve --port 8000       # the OpenAI-compatible API (POST /v1/completions), no web page
     gpt-serve serve --ray --replicas 2 --threads 1   # the same API, as Ray Serve replicas (the `ray` extra)
     gpt-serve import ckpt.pt my-model  # bring your own model: the lesson's gpt.py or nanoGPT, then ONNX-exported
+    gpt-serve record-vocab FOLDER     # record vocab.json's sha256 in config.json (a folder that lacks it)
     gpt-serve train ...               # the training pipeline (python -m training from a clone)
     gpt-serve ladder ...              # the lesson's loss ladder (python -m training.ladder)
     gpt-serve export MODEL ...        # ONNX export (python -m export)
     gpt-serve demo ...                # the Gradio demo (python -m demo)
 
-`generate`, `models`, `serve` and `import` are the library's own. The other subcommands are the applications, which
-the library never imports: each registers itself as an entry point of the `gpt_serve.commands` group (see
-pyproject.toml), and only the one asked for is loaded, so `generate --backend onnx` never imports torch. `import`
-runs the `export` application the same way on the folder it wrote.
+`generate`, `models`, `serve`, `import` and `record-vocab` are the library's own. The other subcommands are the
+applications, which the library never imports: each registers itself as an entry point of the `gpt_serve.commands`
+group (see pyproject.toml), and only the one asked for is loaded, so `generate --backend onnx` never imports torch.
+`import` runs the `export` application the same way on the folder it wrote.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import sys
 import time
 from importlib.metadata import EntryPoint, entry_points
 
-from .generation import BACKENDS, WINDOW_MODES, load_backend, parse_request
+from .generation import BACKENDS, WINDOW_MODES, EngineError, load_backend, parse_request
 from .generation.engine import inline_scheduler
 from .generation.spec import FIELDS_BY_NAME, MAX_NEW_TOKENS
 from .generation.text import TextStream
@@ -47,16 +48,24 @@ PORT_HINT = "another server holds the port? choose another with --port N"  # `gp
 EXTRAS = {"train": "train", "ladder": "train", "export": "export", "demo": "demo"}
 
 
-def quiet_model_loading(verbose: bool = False) -> None:
-    """No "Loading weights" progress bar from transformers in the commands' output, unless `verbose` (or
-    `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment)."""
-    if verbose:
+def quiet_model_loading(show: bool = False) -> None:
+    """No "Loading weights" progress bar from transformers in the commands' output, unless `show` (`--progress`,
+    `--verbose`) or `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment (which `show` sets, so that the library's
+    own quiet loading, `generation.loading.quiet_weight_loading`, keeps the bar too)."""
+    if show:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "0"
         return
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] != "0":  # read at its import
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
+
+
+def add_progress_argument(parser, default: bool = False, help: str = "show transformers' weight-loading bar") -> None:
+    """`--progress` / `--no-progress`, the one spelling of every command's progress switch (`gpt-serve` and its
+    subcommands, `python -m training`, the ladder, the export, the demo)."""
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=default, help=help)
 
 
 def _default(field: str):
@@ -351,7 +360,8 @@ def _import_parser(sub) -> None:
     i.add_argument("--force", action="store_true", help="replace OUT if it exists")
     i.add_argument("--no-export", action="store_true", help="write the folder only, no ONNX export")
     i.add_argument("--threads", type=thread_count, default=None, help="torch and ONNX Runtime threads (none: all CPUs)")
-    i.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
+    i.add_argument("--verbose", action="store_true", help="the same as --progress")
+    add_progress_argument(i)
     i.set_defaults(func=_import)
 
 
@@ -379,6 +389,14 @@ def _copy_parser(sub) -> None:
     c.add_argument("out", help="the folder to write (must not exist, unless --force)")
     c.add_argument("--force", action="store_true", help="replace OUT if it exists")
     c.set_defaults(func=_copy)
+
+
+def _record_vocab(args: argparse.Namespace) -> int:
+    from .generation.loading import record_vocab_sha256
+
+    path, digest = record_vocab_sha256(args.model)
+    print(f"gpt-serve record-vocab: {path} now records vocab_sha256 {digest}")
+    return 0
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -421,13 +439,23 @@ def build_parser(apps: dict[str, EntryPoint] | None = None) -> argparse.Argument
     g.add_argument("--threads", type=thread_count, default=None, help="threads per forward pass (none: all CPUs)")
     g.add_argument("--no-echo", action="store_true", help="do not print the prompt before the continuation")
     g.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
-    g.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
+    g.add_argument("--verbose", action="store_true", help="the same as --progress")
+    add_progress_argument(g)
     g.set_defaults(func=_generate)
     m = sub.add_parser("models", help="list the shipped models")
     m.set_defaults(func=_models)
     _serve_parser(sub)
     _import_parser(sub)
     _copy_parser(sub)
+    v = sub.add_parser(
+        "record-vocab",
+        help="record the sha256 of a folder's vocab.json in its config.json (vocab_sha256)",
+        description="Write the sha256 of MODEL's vocab.json into its config.json as vocab_sha256, which every loader "
+        "then checks. A folder without it loads only if its vocabulary is in the lesson's sorted order; run this "
+        "only for a vocabulary you know to be the one the model was trained with.",
+    )
+    v.add_argument("model", help="a model folder (or a shipped model name)")
+    v.set_defaults(func=_record_vocab)
     for name in apps if apps is not None else app_commands():
         sub.add_parser(name, help=COMMAND_HELP.get(name, f"see `gpt-serve {name} --help`"), add_help=False)
     return p
@@ -462,7 +490,8 @@ def _serve_parser(sub) -> None:
         choices=["debug", "info", "warning", "error"],
         help="the server's (with --ray: the replicas')",
     )
-    s.add_argument("--verbose", action="store_true", help="show transformers' weight-loading progress bar")
+    s.add_argument("--verbose", action="store_true", help="the same as --progress")
+    add_progress_argument(s)
     add_api_arguments(s)
     s.add_argument(
         "--no-preload",
@@ -486,10 +515,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run_app(apps[argv[0]], argv[1:])
     args = build_parser(apps).parse_args(argv)
     args.argv = argv  # as typed, for what a command records of itself (`import`'s model card)
-    quiet_model_loading(getattr(args, "verbose", False))
+    quiet_model_loading(getattr(args, "verbose", False) or getattr(args, "progress", False))
     try:
         return args.func(args)
-    except (ValueError, TypeError, OSError, ImportError) as e:  # OSError: missing or unreadable files
+    except (ValueError, TypeError, OSError, ImportError, EngineError) as e:  # OSError: missing or unreadable files
         print(f"gpt-serve: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -5,16 +5,16 @@ A `<pad>` special token is appended after the characters (id = number of charact
 the model never embeds it (it embeds padding positions as id 0 and masks them out).
 
 `vocab.json` is the one source of truth. Saving also writes `tokenizer.json`, the same table for the `tokenizers`
-library (a `WordLevel` model, every character its own piece, a `Fuse` decoder), which transformers without this
-package (`AutoTokenizer` gives a `TokenizersBackend` with the same ids), transformers.js and Rust read. Loading
-refuses a folder whose two files disagree.
+library (a normalizer that replaces characters outside the vocabulary, a `WordLevel` model, every character its own
+piece, a `Fuse` decoder), which transformers without this package (`AutoTokenizer` gives a `TokenizersBackend` with
+the same ids), transformers.js and Rust read. Loading refuses a folder whose two files disagree.
 """
 
 from __future__ import annotations
 
 import os
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizer
 
 from .vocab import FAST_TOKENIZER_FILE_NAME, UNK_POLICIES, VOCAB_FILE_NAME, CharVocab
@@ -22,13 +22,27 @@ from .vocab import FAST_TOKENIZER_FILE_NAME, UNK_POLICIES, VOCAB_FILE_NAME, Char
 PAD_TOKEN = "<pad>"
 
 
+def outside_vocabulary(chars) -> str:
+    """A regular expression of one character outside `chars` (a negated class, escaped for Oniguruma, which
+    `tokenizers` uses, and for JavaScript's RegExp, which transformers.js uses)."""
+    special = set("\\]^-[&")
+    return "[^" + "".join("\\n" if c == "\n" else "\\" + c if c in special else c for c in chars) + "]"
+
+
 def fast_tokenizer(vocab: CharVocab) -> Tokenizer:
     """`vocab` as a `tokenizers.Tokenizer` with the same ids (and `<pad>` after the characters).
 
-    A `WordLevel` model (what `tokenizer.json` holds): a character outside the vocabulary fails. onnxruntime-genai
-    rejects this form; the export writes it a byte-level BPE over the same ids (`onnx/tokenizer.json`).
+    A `WordLevel` model (what `tokenizer.json` holds) behind a normalizer that applies the package's unknown-character
+    policy: each character outside the vocabulary becomes `vocab.unk_replacement` (a space), as
+    `vocab.encode(text, "replace")` does, or is removed where `vocab.unk_policy` is `"drop"`. A file cannot refuse
+    with a message, so the default `"error"` policy is written as `"replace"`: every runtime that reads the file
+    (transformers without gpt_serve, `tokenizers`, transformers.js) gives the ids gpt_serve gives with
+    `unk_policy="replace"`, and onnxruntime-genai's `onnx/tokenizer.json` (a byte-level BPE over the same ids,
+    written by the export) does the same.
     """
     tokenizer = Tokenizer(models.WordLevel(vocab=dict(vocab.stoi), unk_token=None))
+    replacement = "" if vocab.unk_policy == "drop" else vocab.unk_replacement
+    tokenizer.normalizer = normalizers.Replace(Regex(outside_vocabulary(vocab.chars)), replacement)
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")  # one piece per character
     tokenizer.decoder = decoders.Fuse()  # join the pieces without spaces
     tokenizer.add_special_tokens([PAD_TOKEN])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -16,6 +17,46 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+@contextlib.contextmanager
+def serving(app):
+    """Serves the ASGI `app` with uvicorn on a thread, on a free port of 127.0.0.1, for as long as the block runs;
+    yields its URL."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    assert wait_until(lambda: server.started, timeout=30)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def python_with_only(package: str, venv: Path) -> Path:
+    """The interpreter of a new venv at `venv` (no pip, no system site-packages) that can import `package`, from this
+    environment's installed copy, and nothing else installed: a user's machine with only that package. Offline and
+    fast (a `.pth` file points at a folder that links to the one package)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    only = venv / "only"
+    only.mkdir()
+    (only / package).symlink_to(Path(importlib.util.find_spec(package).origin).parent)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / f"only-{package}.pth").write_text(f"{only}\n", encoding="utf-8")
+    return venv / "bin" / "python"
 
 
 def wait_until(condition, timeout: float = 10.0, interval: float = 0.02) -> bool:

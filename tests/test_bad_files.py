@@ -26,6 +26,20 @@ def _other_weights(folder: Path) -> None:
     save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
 
 
+def _nan_weights(folder: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    save_file({k: v.float().fill_(float("nan")) for k, v in state.items()}, str(folder / "model.safetensors"))
+
+
+def _swap_both_unrecorded(folder: Path) -> None:
+    """vocab.json and tokenizer.json swapped alike, and config.json's vocab_sha256 removed: consistent, but wrong."""
+    edit_json(folder / "vocab.json", _swap)
+    edit_json(folder / "tokenizer.json", lambda t: _swap(t["model"]["vocab"]))
+    edit_json(folder / "config.json", lambda c: c.pop("vocab_sha256"))
+
+
 def _pickle_only(folder: Path) -> None:
     (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
 
@@ -40,6 +54,22 @@ DAMAGE = {
     "weights empty": (lambda f: _truncate(f / "model.safetensors", 0), ["torch"], "model.safetensors"),
     "weights pickled only": (_pickle_only, ["torch"], "Pickled weights .* are not loaded.*To convert a file you trust"),
     "weights of another model": (_other_weights, ["torch"], "does not hold this model's weights"),
+    "weights all NaN": (_nan_weights, ["torch"], r"model.safetensors holds NaN or infinite values in \d+ tensors"),
+    "config layer_norm_eps NaN": (
+        lambda f: edit_json(f / "config.json", lambda c: c.update(layer_norm_eps=float("nan"))),
+        ["torch", "onnx"],
+        "layer_norm_eps is nan, not a finite number",
+    ),
+    "config layer_norm_eps Infinity": (
+        lambda f: edit_json(f / "config.json", lambda c: c.update(layer_norm_eps=float("inf"))),
+        ["torch", "onnx"],
+        "layer_norm_eps is inf, not a finite number",
+    ),
+    "config layer_norm_eps 0": (
+        lambda f: edit_json(f / "config.json", lambda c: c.update(layer_norm_eps=0)),
+        ["torch", "onnx"],
+        "layer_norm_eps must be a number > 0",
+    ),
     "config a JSON list": (lambda f: (f / "config.json").write_text("[1, 2]"), ["torch", "onnx"], "JSON object"),
     "config not JSON": (lambda f: (f / "config.json").write_text("{oops"), ["torch", "onnx"], "config.json"),
     "config vocab_size not the weights'": (
@@ -56,6 +86,11 @@ DAMAGE = {
         lambda f: (edit_json(f / "vocab.json", _swap), (f / "tokenizer.json").unlink()),
         ["torch", "onnx"],
         "not the vocabulary the model was trained with",
+    ),
+    "vocab and tokenizer.json swapped alike, no vocab_sha256": (
+        _swap_both_unrecorded,
+        ["torch", "onnx"],
+        "records no vocab_sha256 and .*vocab.json is not in the lesson's sorted order.*gpt-serve record-vocab",
     ),
     "vocab not JSON": (lambda f: (f / "vocab.json").write_text("{"), ["torch", "onnx"], "vocab.json is not valid JSON"),
     "vocab missing": (lambda f: (f / "vocab.json").unlink(), ["torch", "onnx"], "vocabulary file not found"),
@@ -120,3 +155,26 @@ def test_export(damaged, capsys):
 
     folder, _, message = damaged
     check_cli(main([str(folder), "--no-quantize", "--threads", "1"]), capsys.readouterr().err, message)
+
+
+def test_record_vocab_makes_a_known_vocabulary_load(exported_dir, tmp_path, capsys):
+    """The fix the refusal names: `gpt-serve record-vocab FOLDER` records the hash, and the folder loads with it (the
+    vocabulary is then the recorded one: the check is the hash, not the order)."""
+    from gpt_serve.cli import main
+
+    folder = Path(shutil.copytree(exported_dir, tmp_path / "unsorted"))
+    _swap_both_unrecorded(folder)
+    with pytest.raises(ValueError, match="gpt-serve record-vocab"):
+        load_backend(folder, "torch", threads=1)
+    assert main(["record-vocab", str(folder)]) == 0
+    assert "now records vocab_sha256" in capsys.readouterr().out
+    assert load_backend(folder, "torch", threads=1).vocab.chars[0] == "\n"
+    (folder / "vocab.json").write_text((exported_dir / "vocab.json").read_text("utf-8"), encoding="utf-8")
+    with pytest.raises(ValueError, match="not the vocabulary the model was trained with"):
+        load_backend(folder, "torch", threads=1)  # the sorted original no longer matches what was recorded
+
+
+def test_a_sorted_vocabulary_without_a_hash_loads(exported_dir, tmp_path):
+    folder = Path(shutil.copytree(exported_dir, tmp_path / "unrecorded"))
+    edit_json(folder / "config.json", lambda c: c.pop("vocab_sha256"))
+    assert len(load_backend(folder, "torch", threads=1).vocab) == 65

@@ -1,6 +1,7 @@
 """Command line of the trainer: `python -m training` / `gpt-serve train`.
 
-Flags mirror `TrainConfig` (`--max-iters 100`, `--keep-best` or `--keep-best false`); a `--preset` fills in
+Flags mirror `TrainConfig` (`--max-iters 100`, `--keep-best` or `--no-keep-best`, also `--keep-best false`); a
+`--preset` fills in
 defaults, explicit flags override it, and `--model.KEY VALUE` overrides a model config (`CharGPTConfig`)
 argument, e.g. `--model.n_layer 8`. Under `torchrun` the same command trains with DDP.
 """
@@ -60,8 +61,11 @@ def build_parser(prog: str = "python -m training") -> argparse.ArgumentParser:
         elif "default" not in help_text:
             help_text += f" (default: {f.default})"
         if f.type in ("bool", "bool | None"):
-            # `--keep-best` alone means true; `--keep-best false` switches off what a preset switched on.
+            # `--progress` / `--no-progress`, as every other command spells a switch (argparse's BooleanOptional
+            # style); `--progress false` still works too. `--no-keep-best` switches off what a preset switched on.
+            no = "--no-" + f.name.replace("_", "-")
             p.add_argument(*flags, type=_bool, nargs="?", const=True, default=None, metavar="BOOL", help=help_text)
+            p.add_argument(no, dest=f.name, action="store_const", const=False, help=f"the same as {flags[0]} false")
         else:
             p.add_argument(*flags, type=_TYPES[f.type], default=None, help=help_text)
     return p

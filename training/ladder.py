@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gpt_serve.cli import add_progress_argument, thread_count
 from gpt_serve.corpus import load_text
 
 from .cli import invocation, program_name, report_error, setup_logging
@@ -205,10 +206,10 @@ def build_parser(prog: str = "python -m training.ladder") -> argparse.ArgumentPa
     p.add_argument("--ship-dir", default=None, help="also copy each model to SHIP_DIR/ladder-X (no checkpoints)")
     p.add_argument("--table", default=None, help="write the markdown table here (e.g. docs/ladder.md)")
     p.add_argument("--plot", default=None, help="write the val-loss curves of all stages here (e.g. docs/ladder.png)")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads (1 is fastest for these tiny models)")
+    p.add_argument("--threads", type=thread_count, default=1, help="CPU threads (1 is fastest for these tiny models)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda' or 'cuda:N'")
     p.add_argument("--seed", type=int, default=1337, help="seed of every stage's weights, dropout and batches")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="show progress bars")
+    add_progress_argument(p, default=True, help="show progress bars")
     quick = p.add_argument_group("quick runs (tests); the lesson's values need the presets' settings")
     quick.add_argument("--max-iters", type=int, default=None, help="optimizer steps (none: the preset's 5000)")
     quick.add_argument("--eval-interval", type=int, default=None, help="steps between evaluations (none: the preset's)")

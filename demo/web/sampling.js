@@ -1,6 +1,8 @@
 // Choosing the next token from logits: gpt_serve/generation/sampling.py for one row, in float64 like numpy.
 // The order of operations is the Python sampler's: repetition penalty (engine) -> temperature -> top-k -> softmax
-// -> top-p -> one uniform draw through the inverse CDF. Temperature 0 is argmax (greedy) and draws nothing.
+// -> top-p -> one uniform draw through the inverse CDF. Temperature 0 is argmax (greedy) and draws nothing, and so
+// is any temperature below GREEDY_BELOW (the Python sampler's: logits / 5e-324 would overflow to a NaN softmax).
+export const GREEDY_BELOW = 1e-5;
 
 /** Checked sampling settings (SamplingParams): temperature >= 0 (0 = greedy), topK integer >= 0 or null (0 and
  * null: no limit), topP in (0, 1], repetitionPenalty > 0 (1 = off). Throws an Error naming a bad value. */
@@ -27,9 +29,9 @@ export function applyRepetitionPenalty(logits, context, penalty) {
   return out;
 }
 
-/** The next token id: argmax at temperature 0 (the first of equal maxima, as numpy's), else a draw. */
+/** The next token id: argmax below GREEDY_BELOW (the first of equal maxima, as numpy's), else a draw. */
 export function sampleNext(logits, params, rng) {
-  if (params.temperature === 0) return argmax(logits);
+  if (params.temperature < GREEDY_BELOW) return argmax(logits);
   return draw(probabilities(logits, params), rng.random());
 }
 

@@ -27,6 +27,7 @@ from ..window import DEFAULT_WINDOW_MODE, WINDOW_MODES, window_keep
 from .backend import Backend
 from .engine import generate_text, generate_tokens, stream_text
 from .loading import BACKENDS, LoadedModel, load_backend
+from .requests import EngineError
 from .sampling import SamplingParams
 from .spec import GenerationRequest, RequestError, parse_request
 
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_WINDOW_MODE",
     "WINDOW_MODES",
     "Backend",
+    "EngineError",
     "GenerationRequest",
     "LoadedModel",
     "RequestError",

@@ -3,11 +3,17 @@
 Every application (the `gpt-serve` CLI, the demo, the export, the benchmarks) loads models through it, so every
 backend gets the same checks of the folder before anything runs:
 
-- the folder is a model folder, and its `config.json` is readable and a chargpt config;
+- the folder is a model folder, and its `config.json` is readable, a chargpt config, and every number in it is
+  finite (`NaN` or `Infinity` in `layer_norm_eps` would make every logit NaN);
 - `vocab.json` is readable, as long as the model's vocabulary (`vocab_size`), the vocabulary the model was
-  trained with (`vocab_sha256` in the config, when recorded), and agrees with `tokenizer.json` (when present);
+  trained with (`vocab_sha256` in the config), and agrees with `tokenizer.json` (when present). A config without
+  `vocab_sha256` is checked another way: its vocabulary must be in the lesson's order (`sorted(set(text))`, what
+  training, the importer and nanoGPT write), which swapping or reordering characters breaks; an unsorted one is
+  refused, with the command that records the hash (`gpt-serve record-vocab FOLDER`) for a vocabulary known to be
+  right (`check_vocab`);
 - torch: `model.safetensors` exists, is readable, and holds exactly the model's tensors, in the right shapes
-  (transformers would otherwise load a folder of unrelated weights with everything "newly initialized");
+  (transformers would otherwise load a folder of unrelated weights with everything "newly initialized"), and every
+  weight is finite (`check_finite_weights`);
 - ONNX Runtime: the graph exists, loads, and was exported from this folder's vocabulary, config and weights
   (`OnnxBackend` checks its metadata).
 
@@ -16,6 +22,9 @@ torch is imported only for the `torch` backend: the ONNX Runtime path needs nump
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -69,6 +78,7 @@ def load_backend(
     threads = check_threads(threads)
     folder = model_path(model)
     config = read_config(folder)
+    check_config_numbers(folder, config)
     vocab = check_vocab(folder, config)
     if key == "torch":
         runner = _torch_backend(folder, threads)
@@ -79,8 +89,24 @@ def load_backend(
     return LoadedModel(folder, key, runner, vocab, time.perf_counter() - start)
 
 
+def check_config_numbers(folder: Path, config: dict) -> None:
+    """A ValueError naming the field unless every number in `config.json` is finite (Python's json reads `NaN` and
+    `Infinity`), and `layer_norm_eps` is > 0."""
+    config_file = folder / "config.json"
+    for key, value in config.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{config_file}: {key} is {value}, not a finite number; the model would compute NaN")
+    eps = config.get("layer_norm_eps", 1e-5)
+    if isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps <= 0:
+        raise ValueError(f"{config_file}: layer_norm_eps must be a number > 0 (the lesson's is 1e-05), got {eps}")
+
+
+RECORD_VOCAB_COMMAND = "gpt-serve record-vocab"
+
+
 def check_vocab(folder: Path, config: dict) -> CharVocab:
-    """The folder's `vocab.json`, checked against the model's config and the folder's `tokenizer.json`."""
+    """The folder's `vocab.json`, checked against the model's config (its size and `vocab_sha256`; without a
+    recorded hash, the lesson's sorted order) and the folder's `tokenizer.json`."""
     vocab_file, config_file = folder / VOCAB_FILE_NAME, folder / "config.json"
     vocab = CharVocab.from_file(vocab_file)
     if len(vocab) != config.get("vocab_size"):
@@ -89,6 +115,15 @@ def check_vocab(folder: Path, config: dict) -> CharVocab:
             f"{config.get('vocab_size')}: the vocabulary is not the model's"
         )
     recorded = config.get("vocab_sha256")
+    if recorded is None and vocab.chars != sorted(vocab.chars):
+        out_of_order = next(i for i in range(len(vocab) - 1) if vocab.chars[i] > vocab.chars[i + 1])
+        raise ValueError(
+            f"{config_file} records no vocab_sha256 and {vocab_file} is not in the lesson's sorted order (id "
+            f"{out_of_order} is {vocab.chars[out_of_order]!r}, id {out_of_order + 1} is "
+            f"{vocab.chars[out_of_order + 1]!r}): characters may be swapped, and the ids would decode to the wrong "
+            f"letters. Restore the folder's original vocab.json; or, if this vocabulary is the one the model was "
+            f"trained with, record it: {RECORD_VOCAB_COMMAND} {folder}"
+        )
     if recorded is not None and vocab.sha256 != recorded:
         raise ValueError(
             f"{vocab_file} is not the vocabulary the model was trained with: its sha256 is {vocab.sha256[:12]}... "
@@ -126,7 +161,8 @@ def _torch_backend(folder: Path, threads: int | None):
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        model, info = CharGPTForCausalLM.from_pretrained(folder, use_safetensors=True, output_loading_info=True)
+        with quiet_weight_loading():
+            model, info = CharGPTForCausalLM.from_pretrained(folder, use_safetensors=True, output_loading_info=True)
     except (OSError, RuntimeError, ValueError) as e:  # SafetensorError is an Exception: caught below
         raise ValueError(f"cannot load the weights in {weights}: {type(e).__name__}: {str(e)[:300]}") from None
     except Exception as e:
@@ -137,4 +173,57 @@ def _torch_backend(folder: Path, threads: int | None):
     if problems:
         shown = "; ".join(f"{k.replace('_', ' ')}: {sorted(map(str, v))[:5]}" for k, v in problems.items())
         raise ValueError(f"{weights} does not hold this model's weights ({shown})")
+    check_finite_weights(model, weights)
     return TorchBackend(model)
+
+
+@contextlib.contextmanager
+def quiet_weight_loading():
+    """transformers' "Loading weights" progress bar off while the block runs (on again after it, if it was), so that
+    loading a model prints nothing; `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment keeps it (what the commands'
+    `--progress` sets)."""
+    from transformers.utils import logging as transformers_logging
+
+    was_on = transformers_logging.is_progress_bar_enabled()
+    if was_on and os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") != "0":
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            transformers_logging.enable_progress_bar()
+
+
+def check_finite_weights(model, weights: Path) -> None:
+    """A ValueError naming the first tensors that hold NaN or infinite values (`weights`: the file they came from).
+    One pass over the parameters and buffers: milliseconds (docs/benchmarks.md, `benchmarks/finite_weights.py`)."""
+    import torch
+
+    def finite(t) -> bool:  # NaN propagates through min and max: two reductions, no tensor of flags
+        return not t.is_floating_point() or not t.numel() or bool(torch.isfinite(torch.stack(torch.aminmax(t))).all())
+
+    with torch.no_grad():
+        bad = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if not finite(t)]
+    if bad:
+        raise ValueError(
+            f"{weights} holds NaN or infinite values in {len(bad)} tensor{'s' if len(bad) > 1 else ''} "
+            f"({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}): the model would compute NaN; train or save it "
+            f"again"
+        )
+
+
+def record_vocab_sha256(model: str | os.PathLike) -> tuple[Path, str]:
+    """Writes the sha256 of the folder's `vocab.json` into its `config.json` (`vocab_sha256`), which loading then
+    checks (`check_vocab`); returns (config file, hash). For a folder whose vocabulary is known to be the model's:
+    what it records is taken as right from then on. The file is replaced whole (a kill leaves the old one)."""
+    folder = model_path(model)
+    config = read_config(folder)
+    vocab = CharVocab.from_file(folder / VOCAB_FILE_NAME)
+    if len(vocab) != config.get("vocab_size"):
+        check_vocab(folder, config)  # its message names the sizes
+    config["vocab_sha256"] = vocab.sha256
+    path = folder / "config.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path, vocab.sha256

@@ -110,6 +110,7 @@ class OnnxBackend:
         self.model_dir = model_path(str(model_dir))
         self.quantized = bool(quantized)
         self.path = onnx_path(self.model_dir, self.quantized)
+        self.description = f"the {'onnx-int8' if quantized else 'onnx'} backend (ONNX Runtime) of {self.path}"
         self.session = load_session(self.path, threads, providers, int8_compute)
         self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
         check_metadata(self.path, self.metadata, ONNX_FORMAT)

@@ -21,6 +21,11 @@ class ServerBusy(RuntimeError):
     """The scheduler's queue is full: the request was not accepted (HTTP APIs answer 429/503)."""
 
 
+class EngineError(RuntimeError):
+    """The model failed a request that was fine (its logits were NaN or infinite): the request ends with it, the
+    other requests go on. The message names the backend; HTTP APIs answer it in their error format."""
+
+
 @dataclass(frozen=True)
 class Request:
     """What to generate: prompt ids (non-empty), how many tokens, how to sample, and the window past block_size."""

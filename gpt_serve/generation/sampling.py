@@ -10,13 +10,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# A temperature below this samples greedily, as vLLM's does: dividing by 1e-320 overflows the logits to inf and their
+# softmax to NaN. Below it the draw is the argmax anyway, but for logits closer than ~1e-4 (docs/generation.md).
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens.
 
     Args:
-        temperature: 0 picks the most likely token (greedy); otherwise logits are divided by it.
+        temperature: 0 (or anything below `GREEDY_BELOW`) picks the most likely token (greedy); otherwise logits are
+            divided by it.
         top_k: keep only the `top_k` most likely tokens (None or 0: all).
         top_p: nucleus sampling, keep the smallest set of tokens whose probability reaches `top_p`.
         repetition_penalty: > 1 discourages tokens already in the context (as in transformers), 1 disables.
@@ -44,6 +49,11 @@ class SamplingParams:
         if self.top_k is not None:
             check_value("top_k", self.top_k)
 
+    @property
+    def greedy(self) -> bool:
+        """Whether tokens are the argmax: temperature 0 or below `GREEDY_BELOW`."""
+        return self.temperature < GREEDY_BELOW
+
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:
     """transformers' rule, in place on one row of `logits` (V,): the logit of every token seen so far (`seen`, a
@@ -66,12 +76,30 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
+def finite_rows(logits: np.ndarray) -> np.ndarray:
+    """Whether each row of `logits` (B, V) is finite (B,): a NaN or an infinite logit is never sampled (a broken
+    model's; the scheduler ends such a row's request with an `EngineError`)."""
+    return np.isfinite(logits).all(axis=-1)
+
+
+def check_finite(logits: np.ndarray) -> None:
+    """A ValueError unless every logit is finite."""
+    bad = ~finite_rows(logits)
+    if bad.any():
+        raise ValueError(
+            f"the logits of row(s) {np.flatnonzero(bad)[:10].tolist()} hold NaN or infinite values: the model "
+            f"computed no distribution to sample from"
+        )
+
+
 def sample_next(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> np.ndarray:
-    """Next token id per row of `logits` (B, V): argmax at temperature 0, else a draw from the filtered softmax.
+    """Next token id per row of `logits` (B, V): argmax when greedy (`params.greedy`), else a draw from the filtered
+    softmax. A ValueError for logits that are not finite (`check_finite`).
 
     Exactly one uniform number is drawn per row and step (none when greedy), so a seed fixes the stream.
     """
-    if params.temperature == 0:
+    check_finite(logits)
+    if params.greedy:
         return logits.argmax(axis=-1)
     return draw(probabilities(logits, params), rng.random(logits.shape[0]))
 
@@ -79,15 +107,16 @@ def sample_next(logits: np.ndarray, params: SamplingParams, rng: np.random.Gener
 def sample_rows(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.random.Generator]) -> np.ndarray:
     """`sample_next` for rows that each have their own settings and RNG: row b gets exactly the token that
     `sample_next(logits[b:b+1], params[b], rngs[b])` gives (the same operations, one uniform number from its own RNG),
-    computed for all rows that share settings at once."""
+    computed for all rows that share settings at once. A ValueError for logits that are not finite."""
     if len(params) == 1:  # a request alone (a script's prompt): no grouping to pay for
         return sample_next(logits, params[0], rngs[0]).astype(np.int64)
     tokens = np.zeros(len(params), dtype=np.int64)
     groups: dict[SamplingParams, list[int]] = {}
     for b, p in enumerate(params):
         groups.setdefault(p, []).append(b)
+    check_finite(logits)
     for p, rows in groups.items():
-        if p.temperature == 0:
+        if p.greedy:
             tokens[rows] = logits[rows].argmax(axis=-1)
         else:
             u = np.array([rngs[b].random() for b in rows])
@@ -96,7 +125,7 @@ def sample_rows(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The filtered softmax (B, V) that a temperature > 0 draw samples from, in float64."""
+    """The filtered softmax (B, V) that a draw at a temperature of at least `GREEDY_BELOW` samples from, in float64."""
     z = logits.astype(np.float64) / params.temperature  # (B, V)
     V = z.shape[-1]
     if params.top_k and params.top_k < V:

@@ -39,14 +39,22 @@ import numpy as np
 
 from ..window import window_keep, window_start
 from .backend import Backend, DecodeBatch
-from .requests import Request, ServerBusy, Stream
+from .requests import EngineError, Request, ServerBusy, Stream
 from .runner import InlineRunner, Runner, torch_runner
-from .sampling import SamplingParams, apply_openai_penalties, apply_repetition_penalty, log_softmax, sample_rows
+from .sampling import (
+    SamplingParams,
+    apply_openai_penalties,
+    apply_repetition_penalty,
+    finite_rows,
+    log_softmax,
+    sample_rows,
+)
 from .spec import check_value
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["InlineRunner", "Request", "Runner", "Scheduler", "ServerBusy", "Stream", "check_prompt_ids", "torch_runner"]
+__all__ = ["EngineError", "InlineRunner", "Request", "Runner", "Scheduler", "ServerBusy", "Stream", "check_prompt_ids"]
+__all__ += ["torch_runner"]
 
 
 def check_prompt_ids(ids: Sequence[int], vocab_size: int, name: str = "the prompt") -> None:
@@ -56,6 +64,11 @@ def check_prompt_ids(ids: Sequence[int], vocab_size: int, name: str = "the promp
     bad = [t for t in ids if not 0 <= int(t) < vocab_size]
     if bad:
         raise ValueError(f"{name} holds ids {bad[:10]} outside the vocabulary [0, {vocab_size - 1}]")
+
+
+def describe(backend: Backend) -> str:
+    """What computes the logits, for messages: the backend's `description` (its folder and runtime)."""
+    return str(getattr(backend, "description", type(backend).__name__))
 
 
 class _Row:
@@ -376,7 +389,19 @@ class Scheduler:
     def _sample(rows: list[_Row], logits: np.ndarray) -> tuple[np.ndarray, list]:
         """One token per row from `logits` (rows, V), each with its own settings and RNG (`sample_rows`), and for
         the rows that ask for them (`Request.logprobs`) the token's log-probability and the top ones, of the model's
-        own distribution (the logits before penalties): `(logprob, [(id, logprob), ...])`, None for the others."""
+        own distribution (the logits before penalties): `(logprob, [(id, logprob), ...])`, None for the others.
+        A row whose logits are not all finite gets the token -1 (`_append` ends its request with an `EngineError`);
+        the other rows are sampled as if it were not there."""
+        ok = finite_rows(logits)
+        if not ok.all():
+            tokens = np.full(len(rows), -1, dtype=np.int64)
+            kept = np.flatnonzero(ok)
+            if len(kept):
+                tokens[kept], kept_logprobs = Scheduler._sample([rows[i] for i in kept], logits[kept])
+            logprobs = [None] * len(rows)
+            for j, i in enumerate(kept):
+                logprobs[i] = kept_logprobs[j]
+            return tokens, logprobs
         adjusted = [i for i, r in enumerate(rows) if r.seen is not None or r.counts is not None]
         work = logits.copy() if adjusted else logits
         for i in adjusted:
@@ -395,7 +420,17 @@ class Scheduler:
 
     def _append(self, row: _Row, token: int, logprob=None) -> bool:
         """Gives `row` its token (and its logprobs); returns True when the row ends here, finished or cancelled by
-        its consumer meanwhile (its stream is then ended: the consumer sees the end either way)."""
+        its consumer meanwhile (its stream is then ended: the consumer sees the end either way). Token -1: the row's
+        logits were not finite (`_sample`), and its request ends with an `EngineError` naming the backend."""
+        if token < 0:
+            row.stream._finish(
+                EngineError(
+                    f"{describe(self.backend)} computed NaN or infinite logits for token "
+                    f"{len(row.ids) - row.prompt_len + 1} of this request: nothing to sample from, so it ends here (a "
+                    f"broken model: check its weights and config)"
+                )
+            )
+            return True
         row.ids.append(token)
         if row.seen is not None:
             row.seen[token] = True

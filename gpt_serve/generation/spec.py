@@ -15,7 +15,8 @@ format. Why each limit is what it is:
   characters into `more.txt`), a few minutes of one stream on a CPU, so no request runs for hours; a server may
   lower it (`max_new_tokens_limit`). Default 256 (OpenAI's legacy 16 is a word here).
 - `temperature` in [0, 2], `top_p` in (0, 1], `presence_penalty` and `frequency_penalty` in [-2, 2]: the OpenAI
-  wire format's ranges; temperature 0 is greedy. The penalties count the generated text only, as OpenAI's do.
+  wire format's ranges; temperature 0 is greedy, and so is any below `sampling.GREEDY_BELOW` (1e-5: dividing by
+  5e-324 would make NaN). The penalties count the generated text only, as OpenAI's do.
 - `min_p` in [0, 1] (0 = off), vLLM's and transformers' rule after temperature.
 - `logprobs` in [0, 20] (OpenAI's completions limit; null: none): how many of the most likely tokens to report
   beside each generated token's own log-probability, of the model's distribution (before temperature, penalties

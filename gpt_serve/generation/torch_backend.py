@@ -157,6 +157,7 @@ class TorchBackend:
         self.config = config
         self.block_size = config.block_size
         self.vocab_size = config.vocab_size
+        self.description = f"the torch backend (PyTorch) of {model.name_or_path or type(model).__name__}"
 
     def new_cache(self, batch: int) -> KVBuffer:
         c = self.config

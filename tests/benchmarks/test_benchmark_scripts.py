@@ -200,3 +200,8 @@ def test_the_lm_eval_check_builds_a_task_of_true_and_false_continuations(corpus,
     folder = module.write_task(tmp_path, items)
     assert "output_type: multiple_choice" in (folder / f"{module.TASK}.yaml").read_text()
     assert len((folder / "questions.jsonl").read_text().splitlines()) == 50
+
+
+def test_finite_weights_benchmark():
+    out = run_script("finite_weights.py", "--repeats", "1", "--n-embd", "32")
+    assert "custom:" in out and "check_finite_weights" in out

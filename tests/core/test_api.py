@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import httpx
@@ -12,7 +11,7 @@ import pytest
 
 from gpt_serve.generation import SamplingParams, generate_text
 from gpt_serve.generation.registry import ModelRegistry
-from tests.helpers import wait_until
+from tests.helpers import serving, wait_until
 
 
 def free_port() -> int:
@@ -24,24 +23,11 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def api(models_root):
     """The API alone (`gpt_serve.api.create_app`) over its own registry: 2 rows at once, 2 waiting at most."""
-    import uvicorn
-
     from gpt_serve.api import create_app
 
     registry = ModelRegistry.discover(models_root=models_root, expected=(), threads=1, max_batch=2, max_queue=2)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(registry), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    url = f"http://127.0.0.1:{port}"
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    yield client, url, registry
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(create_app(registry)) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0), url, registry
 
 
 def expected(registry, prompt: str, n: int, seed: int, backend: str = "torch", temperature: float = 1.0) -> str:

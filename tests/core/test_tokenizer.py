@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from gpt_serve import CharTokenizer
+from gpt_serve.corpus import TINY_SHAKESPEARE_CHARS
 from gpt_serve.vocab import CharVocab
 
 
@@ -108,6 +109,38 @@ def test_a_tokenizer_json_that_disagrees_is_refused(tmp_path, tokenizer):
         CharTokenizer.from_pretrained(tmp_path)
 
 
+# characters outside Tiny Shakespeare's vocabulary: accents, CJK, an emoji, a tab, a carriage return, and the
+# characters a regular expression's class would read as syntax
+UNKNOWN = "ROMEO: héllo, 你好 😀\tworld\r\n[x]^-\\ & <b>"
+
+
+@pytest.mark.parametrize("policy", ["error", "replace", "drop"])
+def test_tokenizer_json_applies_the_packages_unknown_character_policy(tmp_path, policy):
+    """`tokenizers` alone, in a venv that holds nothing else (no gpt_serve, transformers or numpy), reads a saved
+    tokenizer.json and gives the package's ids for text with unknown characters: `replace` (each a space), or `drop`
+    for a tokenizer saved with that policy; the default `error` cannot be written into a file, and is `replace`."""
+    import json
+    import subprocess
+
+    from tests.helpers import python_with_only
+
+    CharTokenizer(chars=list(TINY_SHAKESPEARE_CHARS), unk_policy=policy).save_pretrained(tmp_path / "tok")
+    python = python_with_only("tokenizers", tmp_path / "venv")
+    script = f"""
+import importlib.util, json
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file("tok/tokenizer.json")
+alone = [importlib.util.find_spec(name) is None for name in ("gpt_serve", "transformers", "numpy")]
+print(json.dumps([alone, tok.encode({UNKNOWN!r}).ids, tok.decode(tok.encode("JULIET:").ids)]))
+"""
+    result = subprocess.run([str(python), "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    alone, ids, decoded = json.loads(result.stdout)
+    vocab = CharVocab(list(TINY_SHAKESPEARE_CHARS))
+    assert alone == [True, True, True] and decoded == "JULIET:"
+    assert ids == vocab.encode(UNKNOWN, "drop" if policy == "drop" else "replace")
+
+
 def test_autotokenizer_loads_a_saved_folder_without_gpt_serve_or_remote_code(tmp_path, tiny_model_dir, corpus):
     """transformers alone (gpt_serve blocked) reads tokenizer.json: same ids, exact decode, left padding with <pad>.
 
@@ -135,6 +168,7 @@ def test_autotokenizer_loads_a_saved_folder_without_gpt_serve_or_remote_code(tmp
             ids = tok(text).input_ids
             batch = tok(["ab", "abcd"], padding=True)
             result = [type(tok).__name__, ids, tok.decode(ids) == text, batch.input_ids, batch.attention_mask]
+            result.append(tok({UNKNOWN!r}).input_ids)
             print("RESULT " + json.dumps(result))
     """
     result = run_without_gpt_serve(script, tmp_path)
@@ -143,8 +177,9 @@ def test_autotokenizer_loads_a_saved_folder_without_gpt_serve_or_remote_code(tmp
     assert len(lines) == 2, result.stdout[-2000:] + result.stderr[-2000:]
     want = CharVocab.from_file(tiny_model_dir / "vocab.json").encode(text)
     for line in lines:
-        kind, ids, exact, padded, mask = json.loads(line)
+        kind, ids, exact, padded, mask, unknown = json.loads(line)
         assert kind == "TokenizersBackend" and ids == want and exact
+        assert unknown == CharVocab.from_file(tiny_model_dir / "vocab.json").encode(UNKNOWN, "replace")
         assert padded == [[65, 65, 39, 40], [39, 40, 41, 42]] and mask == [[0, 0, 1, 1], [1, 1, 1, 1]]
 
 
@@ -155,3 +190,37 @@ def test_a_reloaded_tokenizer_saves_no_loading_options(tmp_path, tokenizer):
     CharTokenizer.from_pretrained(tmp_path / "a").save_pretrained(tmp_path / "b")
     saved = json.loads((tmp_path / "b" / "tokenizer_config.json").read_text())
     assert "is_local" not in saved and "local_files_only" not in saved
+
+
+REGENERATE = (
+    'python -c "from gpt_serve import CharTokenizer; from gpt_serve.models import discover; from '
+    "gpt_serve.tokenization_chargpt import fast_tokenizer; [fast_tokenizer(CharTokenizer.from_pretrained(f).vocab)"
+    ".save(str(f / 'tokenizer.json')) for f in discover().values()]\""
+)
+
+
+def _shipped_without_the_policy() -> list[str]:
+    import json
+
+    from gpt_serve.models import discover
+
+    return [n for n, f in discover().items() if json.loads((f / "tokenizer.json").read_bytes())["normalizer"] is None]
+
+
+@pytest.mark.xfail(
+    bool(_shipped_without_the_policy()),
+    reason=f"the shipped tokenizer.json files are not regenerated yet: {REGENERATE}",
+    strict=False,
+)
+@pytest.mark.parametrize("name", ["shakespeare", "ladder-a", "ladder-b", "ladder-c", "ladder-d", "ladder-e"])
+def test_the_shipped_tokenizer_json_files_apply_the_replace_policy(name):
+    from tokenizers import Tokenizer
+
+    from gpt_serve.models import model_path
+    from gpt_serve.tokenization_chargpt import fast_tokenizer
+
+    folder = model_path(name)
+    vocab = CharTokenizer.from_pretrained(folder).vocab
+    assert (folder / "tokenizer.json").read_text("utf-8") == fast_tokenizer(vocab).to_str(pretty=True)
+    fast = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert fast.encode(UNKNOWN).ids == vocab.encode(UNKNOWN, "replace")

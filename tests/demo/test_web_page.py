@@ -24,7 +24,7 @@ import pytest
 from demo.browser import ORT_DIST, PAGE_FILES, WEB_DIR, browser_files, missing_files
 from gpt_serve.generation import SamplingParams, generate_tokens
 from gpt_serve.generation.onnx_backend import OnnxBackend
-from gpt_serve.generation.sampling import draw, probabilities
+from gpt_serve.generation.sampling import GREEDY_BELOW, draw, probabilities
 from gpt_serve.generation.spec import FIELDS_BY_NAME, RequestError
 from gpt_serve.models import model_path
 from gpt_serve.vocab import CharVocab
@@ -185,13 +185,18 @@ def test_the_sampler_computes_the_python_samplers_distribution(chromium, site):
     got = page.evaluate(
         """async (cases) => {
             const s = await import("./sampling.js");
-            return cases.map((c) => {
+            const tiny = s.samplingParams({ temperature: 5e-324 }); // below GREEDY_BELOW: argmax, no draw, no NaN
+            const token = s.sampleNext(Float32Array.from(cases[0].logits), tiny, null);
+            const greedy = { below: s.GREEDY_BELOW, token };
+            return [greedy, ...cases.map((c) => {
                 const probs = s.probabilities(Float32Array.from(c.logits), s.samplingParams(c));
                 return { probs: Array.from(probs), tokens: c.us.map((u) => s.draw(probs, u)) };
-            });
+            })];
         }""",
         cases,
     )
+    greedy, got = got[0], got[1:]
+    assert greedy == {"below": GREEDY_BELOW, "token": int(np.argmax(cases[0]["logits"]))}
     for case, out in zip(cases, got, strict=True):
         params = SamplingParams(case["temperature"], case["topK"], case["topP"])
         expected = probabilities(np.array([case["logits"]], dtype=np.float32), params)

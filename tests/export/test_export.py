@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -182,10 +183,40 @@ def test_cli_exports_prints_report_and_writes_model_card(tmp_path, tiny_model_di
     assert card.startswith("# My model\n\nTrained on Shakespeare.\n")
     assert card.count(CARD_BEGIN) == 1 and card.count(CARD_END) == 1
     assert "onnx/model_quantized.onnx" in card and "python -m export" in card
+    digest = hashlib.sha256((folder / "onnx" / "model.onnx").read_bytes()).hexdigest()
+    assert f"| `{digest[:16]}` |" in card and " s, " not in card  # a content hash, no time
 
+    first = folder_bytes(folder)
     assert main(argv) == 0  # a second export replaces the section instead of appending another
     card = (folder / "README.md").read_text(encoding="utf-8")
     assert card.count(CARD_BEGIN) == 1 and card.startswith("# My model\n\nTrained on Shakespeare.\n")
+    again = folder_bytes(folder)
+    assert sorted(again) == sorted(first) and [p for p in first if first[p] != again[p]] == []  # byte for byte
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_two_processes_export_the_same_bytes(tmp_path, tiny_model_dir, data_path):
+    """The same folder exported afresh in two processes (other hash seeds, other thread counts) gives the same
+    files: the graphs, their int8 copies, genai's files and the model card."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    folder, runs = tmp_path / "m", []
+    for seed, threads in (("1", "1"), ("2", "2")):
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(tiny_model_dir, folder)
+        argv = [sys.executable, "-m", "export", str(folder), "--data", str(data_path), "--val-tokens", "1024"]
+        env = {**os.environ, "PYTHONHASHSEED": seed, "OMP_NUM_THREADS": threads}
+        result = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        runs.append(folder_bytes(folder))
+    assert sorted(runs[0]) == sorted(runs[1]) and [p for p in runs[0] if runs[0][p] != runs[1][p]] == []
 
 
 def test_cli_fails_above_the_int8_threshold_and_writes_nothing(tmp_path, tiny_model_dir, data_path, capsys):
