@@ -42,7 +42,7 @@ def take(browser, url: str, args, out: Path, options: dict, compare: bool) -> No
     if compare:
         page.get_by_text("Compare the ladder: what each lesson component buys").click()
         page.locator("#compare-btn").click()
-        page.locator("#compare-status").filter(has_text="Done: prompt").wait_for()
+        page.locator("#compare-status").filter(has_text="Done: the prompt").wait_for()
     page.screenshot(path=str(out), full_page=True)
     page.close()
     print(f"wrote {out}")
