@@ -30,30 +30,20 @@ from starlette.middleware import Middleware
 
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.registry import ModelRegistry
-from gpt_serve.window import DEFAULT_WINDOW_MODE
 
 from .attention import VIEW_CSS, VIEW_JS
 from .captions import PENDING_CAPTION, ladder_label, ladder_legend, range_note_js
+from .form import FORM
 from .generation import Activity, Limits
-from .handlers import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, FIELDS, DemoHandlers
+from .handlers import FIELDS, DemoHandlers
 from .limits import MAX_BODY_BYTES, BodySizeLimit
 
-DEFAULT_PROMPT = "ROMEO:"
 EXAMPLES = [
     ["ROMEO:"],
     ["JULIET:\nO Romeo, Romeo! wherefore art thou"],
     ["First Citizen:\nBefore we proceed any further, hear me speak."],
     ["KING RICHARD III:\nNow is the winter of our discontent"],
     ["To be, or not to be"],
-]
-WINDOW_CHOICES = [
-    ("refill: restart the cache from the last block_size/2 tokens (fast)", "refill"),
-    ("exact: the lesson's last block_size tokens (a full forward per token)", "exact"),
-]
-UNK_CHOICES = [
-    ("stop with a message", "error"),
-    ("replace each with a space", "replace"),
-    ("drop them", "drop"),
 ]
 # A fresh ticket for each run started from the page; its Stop sends the ticket back (see `StopRequests`). A run also
 # enables its Stop (`DemoHandlers.ui_generate_ended` / `ui_compare_ended` disable it again) and clears what the page
@@ -161,7 +151,7 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
     ui = SimpleNamespace()
     with gr.Row():
         with gr.Column(scale=3, min_width=320):
-            ui.prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=4, elem_id="prompt")
+            ui.prompt = gr.Textbox(FORM["prompt"]["default"], label=FORM["prompt"]["label"], lines=4, elem_id="prompt")
             with gr.Row():
                 ui.generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", min_width=100)
                 ui.stop_btn = gr.Button(
@@ -200,17 +190,15 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
                 )
             ui.model_info = gr.Markdown(elem_id="model-info")
             with gr.Accordion("Sampling", open=True, elem_id="sampling"):
-                ui.max_new_tokens = gr.Slider(
-                    1, limits.max_new_tokens, DEFAULT_MAX_NEW_TOKENS, step=1, label="Max new tokens",
-                    elem_id="max-new-tokens",
-                )  # fmt: skip
-                ui.temperature = gr.Slider(0, 2, DEFAULT_TEMPERATURE, step=0.05, label="Temperature (0 = greedy)")
-                ui.top_k = gr.Slider(0, 100, 0, step=1, label="Top-k (0 = off)")
-                ui.top_p = gr.Slider(0.01, 1, 1.0, step=0.01, label="Top-p (1 = off)")
+                # the sliders' ranges: the server's limit of new tokens, and what is worth sliding through
+                ui.max_new_tokens = _field(gr.Slider, "max_new_tokens", 1, limits.max_new_tokens, step=1)
+                ui.temperature = _field(gr.Slider, "temperature", 0, 2, step=0.05)
+                ui.top_k = _field(gr.Slider, "top_k", 0, 100, step=1)
+                ui.top_p = _field(gr.Slider, "top_p", 0.01, 1, step=0.01)
                 ui.settings_note = gr.Markdown(elem_id="settings-note")  # a typed value the slider clamped
-                ui.seed = gr.Number(-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
-                ui.window_mode = gr.Radio(WINDOW_CHOICES, value=DEFAULT_WINDOW_MODE, label="Past block_size")
-                ui.unk_policy = gr.Radio(UNK_CHOICES, value="error", label="Characters outside the vocabulary")
+                ui.seed = _field(gr.Number, "seed", precision=0)
+                ui.window_mode = _field(gr.Radio, "window_mode")
+                ui.unk_policy = _field(gr.Radio, "unk_policy")
     with gr.Accordion("Attention: what each head looks at in the prompt", open=True):
         # Every layer any model has: a page whose session the server evicted (`launch_options`) falls back to these
         # choices, and its clicks must still pass Gradio's check; `ui_attention` narrows them to the model's.
@@ -253,6 +241,15 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
             ]
     ui.form = [getattr(ui, name) for name in FIELDS]
     return ui
+
+
+def _field(component, name: str, *args, **kwargs):
+    """The component of the form's field `name`, with its label, default and choices (`demo.form.FORM`), and the
+    element id the tests find it by (max_new_tokens: `max-new-tokens`)."""
+    field = FORM[name]
+    if "choices" in field:
+        kwargs["choices"] = field["choices"]
+    return component(*args, value=field["default"], label=field["label"], elem_id=name.replace("_", "-"), **kwargs)
 
 
 def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurrency: int) -> None:

@@ -40,9 +40,7 @@ from .generation import (
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_NEW_TOKENS = 300
 ATTENTION_CACHE = 8  # attention views kept for the layer selector (each at most n_layer x n_head x T x T floats)
-DEFAULT_TEMPERATURE = 0.8
 
 
 def sends_updates(method):

@@ -111,15 +111,15 @@ def handlers(registry):
     return demo.handlers
 
 
-# The in-browser page's form as it starts, by specification field name: its example prompt, and the request
-# specification's defaults (a null seed: empty, random).
+# The in-browser page's form as it starts, by specification field name: the Gradio demo's defaults (demo/form.py,
+# shipped to the page as form.json).
 PAGE_FORM = dict(
     prompt="ROMEO:",
-    max_new_tokens="256",
-    temperature="1",
+    max_new_tokens="300",
+    temperature="0.8",
     top_k="0",
     top_p="1",
-    seed="",
+    seed="-1",
     window_mode="refill",
     unk_policy="error",
 )
