@@ -75,7 +75,8 @@ def launch_options() -> dict:
 
 
 # A disabled Stop looks like any disabled button (Gradio draws it in its "stop" colour, as if it could be pressed);
-# a comparison column's label stays on one line, so that every column's box starts at the same height.
+# a comparison column's label stays on one line, so that every column's box starts at the same height; on a narrow
+# screen the title is smaller and the examples are one row that scrolls sideways.
 CSS = """
 #output textarea, .ladder textarea {font-family: ui-monospace, SFMono-Regular, Menlo, monospace;}
 #attention-caption code, #compare-status code {white-space: pre-wrap; word-break: break-all;}
@@ -84,6 +85,12 @@ CSS = """
   cursor: not-allowed; box-shadow: none;}
 .ladder [data-testid="block-info"] {white-space: nowrap; overflow: hidden; text-overflow: ellipsis; display: block;}
 #intro h1 {margin-bottom: 0.2em;}
+@media (max-width: 720px) {
+  #intro h1 {font-size: 1.5rem;}
+  #examples .gallery:has(> .gallery-item) {flex-wrap: nowrap; overflow-x: auto; padding-bottom: 4px;}
+  #examples .gallery-item {flex: 0 0 auto;}
+  #examples .gallery-item .gallery {white-space: nowrap !important;}
+}
 """
 # On a narrow screen (a phone) the settings start folded: the prompt, the output and the attention view come first.
 ON_LOAD_JS = """() => {
@@ -174,7 +181,7 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
             ui.stats = gr.Markdown(elem_id="stats")
             ui.status = gr.Markdown(elem_id="status")
         with gr.Column(scale=2, min_width=320):
-            gr.Examples(EXAMPLES, inputs=[ui.prompt], label="Examples")
+            gr.Examples(EXAMPLES, inputs=[ui.prompt], label="Examples", elem_id="examples")
             with gr.Row():
                 ui.model = gr.Dropdown(
                     [(n if n in registry.available else f"{n} (not available)", n) for n in registry.names],

@@ -24,36 +24,42 @@ import numpy as np
 _RGB = (matplotlib.colormaps["viridis"](np.linspace(0, 1, 256))[:, :3] * 255).round().astype(np.uint8)
 COLORMAP = np.array([f"#{r:02x}{g:02x}{b:02x}" for r, g, b in _RGB])  # (256,) str
 VIEW_POSITIONS = 32  # the most positions a map shows (and labels): the last ones
+DENSE_LABELS = 16  # past this many columns, a narrow screen labels every other position
 SCALE_TICKS = {0: "0", 0.05: ".05", 0.25: ".25", 0.5: ".5", 1: "1"}  # weight -> its label on the colour scale
 VISIBLE = {"\n": "↵", " ": "·", "\t": "→"}  # characters that would draw as nothing
 READOUT_HINT = "Hover over (or tap) a cell to read its weight."
 EARLIER = "…"  # the label of the column that sums the keys before the shown positions
 
-# Scoped to the view's component (gr.HTML's css_template): a map's cells are a CSS grid, square, at most ~22 px; on
-# a narrow screen the heads scroll sideways, each ~80% of the width.
+# Scoped to the view's component (gr.HTML's css_template): a map's cells are a CSS grid of square cells as wide as the
+# head's box allows, at most 22 px, in whole pixels (fractional rows leave 1-pixel seams between some of them); on a
+# narrow screen the heads scroll sideways, each ~90% of the width.
 VIEW_CSS = """
 .attn-heads {display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 14px 18px;}
-.attn-head {margin: 0; min-width: 0;}
+.attn-head {margin: 0; min-width: 0; container-type: inline-size;}
 .attn-head figcaption {font-size: 12px; color: var(--body-text-color-subdued); margin-bottom: 2px;}
-.attn-grid {display: grid; grid-template-columns: 1.1em repeat(var(--n), minmax(0, 1fr)); gap: 0;
-  width: min(100%, calc(1.1em + var(--n) * 22px)); font: 10px/1 ui-monospace, SFMono-Regular, Menlo, monospace;
-  color: var(--body-text-color-subdued);}
-.attn-grid > * {aspect-ratio: 1; min-width: 0; display: flex; align-items: center; justify-content: center;
-  overflow: hidden;}
+.attn-grid {display: grid; --cell: min(22px, calc((100cqw - 12px) / var(--n)));
+  grid-template-columns: 12px repeat(var(--n), var(--cell)); grid-auto-rows: var(--cell);
+  font: 10px/1 ui-monospace, SFMono-Regular, Menlo, monospace; color: var(--body-text-color-subdued);}
+@supports (width: round(down, 10.5px, 1px)) {
+  .attn-grid {--cell: min(22px, round(down, calc((100cqw - 12px) / var(--n)), 1px));}
+}
+.attn-grid > * {display: flex; align-items: center; justify-content: center; overflow: hidden;}
 .attn-grid > i {font-style: normal;}
 .attn-grid > b {background: color-mix(in srgb, var(--body-text-color-subdued) 22%, transparent);}
 .attn-grid > i:hover, .attn-grid > i.on {outline: 2px solid var(--body-text-color); outline-offset: -1px;}
 .attn-readout {min-height: 1.4em; margin: 8px 0 4px; font-size: 13px;}
 .attn-scale {display: flex; flex-wrap: wrap; align-items: flex-start; gap: 6px 20px; font-size: 11px;
   color: var(--body-text-color-subdued);}
-.attn-bar {position: relative; width: 192px; height: 10px; margin: 3px 8px 20px 0;}
-.attn-bar span {position: absolute; top: 11px; transform: translateX(-50%);}
+.attn-bar, .attn-ticks {width: 192px; margin-right: 8px;}
+.attn-bar {height: 10px; margin-top: 3px;}
+.attn-ticks {position: relative; height: 15px;}
+.attn-ticks span {position: absolute; top: 1px; transform: translateX(-50%);}
 .attn-swatch {display: inline-block; width: 10px; height: 10px; vertical-align: middle; margin-right: 4px;
   background: color-mix(in srgb, var(--body-text-color-subdued) 22%, transparent);}
 @media (max-width: 720px) {
   .attn-heads {display: flex; overflow-x: auto; scroll-snap-type: x mandatory; padding-bottom: 6px;}
-  .attn-head {flex: 0 0 82%; scroll-snap-align: start;}
-  .attn-grid .odd {visibility: hidden;}
+  .attn-head {flex: 0 0 88%; scroll-snap-align: start;}
+  .attn-grid.dense .odd {visibility: hidden;}
 }
 """
 # The readout: what the cell under the pointer (or the last one tapped) is, from its place in its map's grid (a
@@ -126,10 +132,11 @@ def render_heads(weights: np.ndarray, chars: str, positions: int = VIEW_POSITION
     text = axis_text(chars)
     labels = ([EARLIER] if start else []) + list(text[start:])
     n, queries = len(labels), T - start
-    # every other label counted back from the last position, hidden on a narrow screen (VIEW_CSS)
+    # every other label counted back from the last position, hidden on a narrow screen if there are many (VIEW_CSS)
     odd = [' class="odd"' if (n - 1 - j) % 2 else "" for j in range(n)]
     header = "<span></span>" + "".join(f"<span{odd[j]}>{html.escape(c)}</span>" for j, c in enumerate(labels))
     colours = COLORMAP[colour_index(shown, gamma)]
+    dense = " dense" if n > DENSE_LABELS else ""
     titles = np.char.lstrip(np.char.mod("%.3f", shown), "0")  # a cell's title: its weight, '.125'
     heads = []
     for h in range(H):
@@ -143,7 +150,7 @@ def render_heads(weights: np.ndarray, chars: str, positions: int = VIEW_POSITION
                 f"<span{odd[i + n - queries]}>{html.escape(text[start + i])}</span>{cells}{'<b></b>' * (n - seen)}"
             )
         heads.append(
-            f'<figure class="attn-head"><figcaption>head {h}</figcaption><div class="attn-grid" data-head="{h}" '
+            f'<figure class="attn-head"><figcaption>head {h}</figcaption><div class="attn-grid{dense}" data-head="{h}" '
             f'data-n="{n}" data-start="{start}" style="--n:{n}">{header}{"".join(rows)}</div></figure>'
         )
     return (
@@ -159,6 +166,6 @@ def _scale(gamma: float) -> str:
     ticks = "".join(f'<span style="left:{w**gamma * 100:.1f}%">{label}</span>' for w, label in SCALE_TICKS.items())
     return (
         f'<div class="attn-scale"><div>attention weight (colour = {colour})'
-        f'<div class="attn-bar" style="background:linear-gradient(to right, {stops})">{ticks}</div></div>'
-        f'<div><span class="attn-swatch"></span>masked (future)</div></div>'
+        f'<div class="attn-bar" style="background:linear-gradient(to right, {stops})"></div>'
+        f'<div class="attn-ticks">{ticks}</div></div><div><span class="attn-swatch"></span>masked (future)</div></div>'
     )

@@ -66,7 +66,7 @@ def attention_caption(n_layer: int, n_head: int, layer: int, chars: str) -> str:
         f"Layer {layer} ({layers}) · {numbered(n_head, 'head')} · the last {plural(len(chars), 'prompt character')} "
         f"on both axes: {code(axis_text(chars))} (query ↓, key →{axes}){shown}. Row t: how query position t spreads "
         f"its attention over key positions 0..t (each row sums to 1). Colour = √weight, see the scale; shaded = "
-        f"future positions, masked. Hover over (or tap) a cell for its weight."
+        f"future positions, masked."
     )
 
 
