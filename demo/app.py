@@ -30,14 +30,14 @@ from starlette.middleware import Middleware
 
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.registry import ModelRegistry
-from gpt_serve.window import DEFAULT_WINDOW_MODE
 
-from .captions import PENDING_CAPTION, ladder_label, range_note_js
+from .attention import VIEW_CSS, VIEW_JS
+from .captions import PENDING_CAPTION, ladder_label, ladder_legend, range_note_js
+from .form import FORM
 from .generation import Activity, Limits
-from .handlers import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, FIELDS, DemoHandlers
+from .handlers import FIELDS, DemoHandlers
 from .limits import MAX_BODY_BYTES, BodySizeLimit
 
-DEFAULT_PROMPT = "ROMEO:"
 EXAMPLES = [
     ["ROMEO:"],
     ["JULIET:\nO Romeo, Romeo! wherefore art thou"],
@@ -45,45 +45,62 @@ EXAMPLES = [
     ["KING RICHARD III:\nNow is the winter of our discontent"],
     ["To be, or not to be"],
 ]
-WINDOW_CHOICES = [
-    ("refill: restart the cache from the last block_size/2 tokens (fast)", "refill"),
-    ("exact: the lesson's last block_size tokens (a full forward per token)", "exact"),
-]
-UNK_CHOICES = [
-    ("stop with a message", "error"),
-    ("replace each with a space", "replace"),
-    ("drop them", "drop"),
-]
-# A fresh ticket for each run started from the page; Stop sends the tickets back (see `StopRequests`). A run also
-# enables Stop (`DemoHandlers.ui_run_ended` disables it again) and Generate clears the previous attention view.
+# A fresh ticket for each run started from the page; its Stop sends the ticket back (see `StopRequests`). A run also
+# enables its Stop (`DemoHandlers.ui_generate_ended` / `ui_compare_ended` disable it again) and clears what the page
+# shows of an earlier run: the output, its stats and status, and the attention view (drawn again when it ends).
 NEW_TICKET = "Math.random().toString(36).slice(2) + Date.now().toString(36)"
 ENABLED = '{__type__: "update", interactive: true}'  # what gr.Button(interactive=True) sends to the page
-START_COMPARE_JS = f"() => [{NEW_TICKET}, {ENABLED}]"
-START_GENERATE_JS = f"() => [{NEW_TICKET}, {ENABLED}, null, {json.dumps(PENDING_CAPTION)}]"
+CLEARED = f'"", "", "", "", {json.dumps(PENDING_CAPTION)}'  # output, stats, status, attention view, its caption
+START_GENERATE_JS = f"() => [{NEW_TICKET}, {ENABLED}, {CLEARED}]"
+START_COMPARE_JS = f"() => [{NEW_TICKET}, {ENABLED}, {CLEARED}]"
+# Each Stop sends its own run's ticket only (`DemoHandlers.ui_stop` takes Generate's, then the comparison's)
+STOP_GENERATE_JS = '(generate, compare) => [generate, ""]'
+STOP_COMPARE_JS = '(generate, compare) => ["", compare]'
 
 
 # What the server accepts and keeps for clients, bounded (every client can reach every event): request bodies up to
 # 256 kB (`demo.limits`); no file input exists, so an upload is refused past a few kB; Gradio keeps about 1 MB per
 # page session (a copy of the page's config), so at most 64 sessions are kept, the oldest evicted first (an evicted
 # page keeps working; its attention view's layer selector forgets the last prompt).
-def launch_limits() -> dict:
-    """`Blocks.launch` arguments (a fresh dict each time: Gradio adds to its `app_kwargs`)."""
+def launch_options() -> dict:
+    """`Blocks.launch` arguments: the page's CSS and script, and the limits above (a fresh dict each time: Gradio
+    adds to its `app_kwargs`)."""
     return dict(
+        css=CSS,
+        js=ON_LOAD_JS,
         max_file_size="16kb",
         state_session_capacity=64,
         app_kwargs={"middleware": [Middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)]},
     )
 
 
+# A disabled Stop looks like any disabled button (Gradio draws it in its "stop" colour, as if it could be pressed);
+# a comparison column's label stays on one line, so that every column's box starts at the same height; on a narrow
+# screen the title is smaller and the examples are one row that scrolls sideways.
 CSS = """
 #output textarea, .ladder textarea {font-family: ui-monospace, SFMono-Regular, Menlo, monospace;}
-#attention-caption code {white-space: pre-wrap; word-break: break-all;}
+#attention-caption code, #compare-status code {white-space: pre-wrap; word-break: break-all;}
+.stop-btn:disabled, .stop-btn[disabled] {background: var(--button-secondary-background-fill);
+  color: var(--body-text-color-subdued); border-color: var(--border-color-primary); opacity: 0.6;
+  cursor: not-allowed; box-shadow: none;}
+.ladder [data-testid="block-info"] {white-space: nowrap; overflow: hidden; text-overflow: ellipsis; display: block;}
+#intro h1 {margin-bottom: 0.2em;}
+@media (max-width: 720px) {
+  #intro h1 {font-size: 1.5rem;}
+  #examples .gallery:has(> .gallery-item) {flex-wrap: nowrap; overflow-x: auto; padding-bottom: 4px;}
+  #examples .gallery-item {flex: 0 0 auto;}
+  #examples .gallery-item .gallery {white-space: nowrap !important;}
+}
 """
+# On a narrow screen (a phone) the settings start folded: the prompt, the output and the attention view come first.
+ON_LOAD_JS = """() => {
+  if (window.matchMedia("(max-width: 720px)").matches) {
+    document.querySelector("#sampling > .label-wrap.open, #sampling > button.open")?.click();
+  }
+}"""
 INTRO = """# gpt-serve: the "Let's build GPT" model, live
-A character-level GPT trained on Tiny Shakespeare: one token per character. Type a prompt (a speaker's name and a
-colon works well), press **Generate** and watch it write; **Stop** stops the computation. Below: what its
-attention heads look at in your prompt, and the lesson's ladder of models side by side. Or run the int8 model
-[**in your browser**](browser/) (onnxruntime-web: your computer does the work, not this server)."""
+A character-level GPT trained on Tiny Shakespeare, one token per character: type a prompt, press **Generate**.
+Or run it [**in your browser**](browser/) (onnxruntime-web: your computer does the work)."""
 
 
 def build_demo(
@@ -125,7 +142,7 @@ def build_demo(
         max_updates_per_second,
     )
     with gr.Blocks(title="gpt-serve: Let's build GPT", analytics_enabled=False) as demo:
-        gr.Markdown(INTRO)
+        gr.Markdown(INTRO, elem_id="intro")
         ui = _layout(registry, handlers, limits, default_backend)
         _wire(demo, ui, handlers, concurrency)
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
@@ -141,13 +158,20 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
     ui = SimpleNamespace()
     with gr.Row():
         with gr.Column(scale=3, min_width=320):
-            ui.prompt = gr.Textbox(DEFAULT_PROMPT, label="Prompt", lines=4, elem_id="prompt")
+            ui.prompt = gr.Textbox(FORM["prompt"]["default"], label=FORM["prompt"]["label"], lines=4, elem_id="prompt")
             with gr.Row():
-                ui.generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
-                ui.stop_btn = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop-btn")
-            ui.output = gr.Textbox(
+                ui.generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", min_width=100)
+                ui.stop_btn = gr.Button(
+                    "Stop",
+                    variant="stop",
+                    interactive=False,
+                    elem_id="stop-btn",
+                    elem_classes="stop-btn",
+                    min_width=100,
+                )
+            ui.output = gr.Textbox(  # a few lines until text comes, then it grows
                 label="Output",
-                lines=16,
+                lines=4,
                 max_lines=28,
                 interactive=False,
                 autoscroll=True,
@@ -157,7 +181,7 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
             ui.stats = gr.Markdown(elem_id="stats")
             ui.status = gr.Markdown(elem_id="status")
         with gr.Column(scale=2, min_width=320):
-            gr.Examples(EXAMPLES, inputs=[ui.prompt], label="Examples")
+            gr.Examples(EXAMPLES, inputs=[ui.prompt], label="Examples", elem_id="examples")
             with gr.Row():
                 ui.model = gr.Dropdown(
                     [(n if n in registry.available else f"{n} (not available)", n) for n in registry.names],
@@ -172,31 +196,26 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
                     elem_id="backend",
                 )
             ui.model_info = gr.Markdown(elem_id="model-info")
-            with gr.Accordion("Sampling", open=True):
-                ui.max_new_tokens = gr.Slider(
-                    1, limits.max_new_tokens, DEFAULT_MAX_NEW_TOKENS, step=1, label="Max new tokens",
-                    elem_id="max-new-tokens",
-                )  # fmt: skip
-                ui.temperature = gr.Slider(0, 2, DEFAULT_TEMPERATURE, step=0.05, label="Temperature (0 = greedy)")
-                ui.top_k = gr.Slider(0, 100, 0, step=1, label="Top-k (0 = off)")
-                ui.top_p = gr.Slider(0.01, 1, 1.0, step=0.01, label="Top-p (1 = off)")
+            with gr.Accordion("Sampling", open=True, elem_id="sampling"):
+                # the sliders' ranges: the server's limit of new tokens, and what is worth sliding through
+                ui.max_new_tokens = _field(gr.Slider, "max_new_tokens", 1, limits.max_new_tokens, step=1)
+                ui.temperature = _field(gr.Slider, "temperature", 0, 2, step=0.05)
+                ui.top_k = _field(gr.Slider, "top_k", 0, 100, step=1)
+                ui.top_p = _field(gr.Slider, "top_p", 0.01, 1, step=0.01)
                 ui.settings_note = gr.Markdown(elem_id="settings-note")  # a typed value the slider clamped
-                ui.seed = gr.Number(-1, precision=0, label="Seed (-1 = random)", elem_id="seed")
-                ui.window_mode = gr.Radio(WINDOW_CHOICES, value=DEFAULT_WINDOW_MODE, label="Past block_size")
-                ui.unk_policy = gr.Radio(UNK_CHOICES, value="error", label="Characters outside the vocabulary")
+                ui.seed = _field(gr.Number, "seed", precision=0)
+                ui.window_mode = _field(gr.Radio, "window_mode")
+                ui.unk_policy = _field(gr.Radio, "unk_policy")
     with gr.Accordion("Attention: what each head looks at in the prompt", open=True):
-        # Every layer any model has: a page whose session the server evicted (`launch_limits`) falls back to these
+        # Every layer any model has: a page whose session the server evicted (`launch_options`) falls back to these
         # choices, and its clicks must still pass Gradio's check; `ui_attention` narrows them to the model's.
         layers = [(f"layer {i}", i) for i in range(_most_layers(registry))]
         ui.layer = gr.Radio(layers, value=0, label="Layer (numbered from 0)", elem_id="layer")
-        ui.heatmap = gr.Image(
+        ui.heatmap = gr.HTML(  # empty (nothing drawn, no placeholder) until a run ends; see demo.attention
             label="Attention heat maps (query position ↓ × key position →)",
-            show_label=False,
-            type="numpy",
-            format="png",
-            interactive=False,
+            css_template=VIEW_CSS,
+            js_on_load=VIEW_JS,
             elem_id="attention",
-            buttons=["download", "fullscreen"],
         )
         ui.caption = gr.Markdown(elem_id="attention-caption")
         ui.attention_state = gr.State(None, time_to_live=3600)  # (model, ids): see DemoHandlers.ui_attention
@@ -205,9 +224,15 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
     with gr.Accordion("Compare the ladder: what each lesson component buys", open=False):
         gr.Markdown(
             f"Runs the prompt, seed and sampling settings above through the default model (`{handlers.default_model}`) "
-            "and every stage of the lesson's ladder (A–E), side by side. Set a seed to make it repeatable."
+            "and every stage of the lesson's ladder (A–E), side by side. Set a seed to make it repeatable.  \n"
+            + ladder_legend(handlers.compared, registry)
         )
-        ui.compare_btn = gr.Button("Compare the ladder", elem_id="compare-btn")
+        with gr.Row():
+            ui.compare_btn = gr.Button("Compare the ladder", elem_id="compare-btn", scale=3, min_width=100)
+            ui.compare_stop_btn = gr.Button(
+                "Stop", variant="stop", interactive=False, elem_id="compare-stop-btn", elem_classes="stop-btn",
+                scale=1, min_width=100,
+            )  # fmt: skip
         ui.compare_status = gr.Markdown(elem_id="compare-status")
         with gr.Row():
             ui.compare_outputs = [
@@ -216,12 +241,22 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
                     lines=12,
                     interactive=False,
                     elem_classes="ladder",
+                    min_width=150,
                     elem_id=f"compare-{n}",
                 )
                 for n in handlers.compared
             ]
     ui.form = [getattr(ui, name) for name in FIELDS]
     return ui
+
+
+def _field(component, name: str, *args, **kwargs):
+    """The component of the form's field `name`, with its label, default and choices (`demo.form.FORM`), and the
+    element id the tests find it by (max_new_tokens: `max-new-tokens`)."""
+    field = FORM[name]
+    if "choices" in field:
+        kwargs["choices"] = field["choices"]
+    return component(*args, value=field["default"], label=field["label"], elem_id=name.replace("_", "-"), **kwargs)
 
 
 def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurrency: int) -> None:
@@ -234,8 +269,9 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
     # A run starts in the browser (no server call): a new ticket, Stop enabled, and for Generate the attention
     # view of the previous prompt cleared. Streams show no progress overlay: the status line and the live stats
     # say a run is on, and drawing the overlay delays the first characters by ~150 ms on a busy 2-core machine.
+    cleared = [ui.output, ui.stats, ui.status, ui.heatmap, ui.caption]
     gen_event = ui.generate_btn.click(
-        None, None, [ui.gen_ticket, ui.stop_btn, ui.heatmap, ui.caption], js=START_GENERATE_JS, queue=False, **private
+        None, None, [ui.gen_ticket, ui.stop_btn, *cleared], js=START_GENERATE_JS, queue=False, **private
     ).then(
         handlers.ui_generate,
         [ui.gen_ticket, *ui.form],
@@ -245,17 +281,18 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
         **private,
         **stream_group,
     )
-    gen_event.then(handlers.ui_run_ended, None, ui.stop_btn, queue=False, show_progress="hidden", **private)
-    gen_event.then(  # also after Stop: the view is of the prompt
-        handlers.ui_attention,
-        [ui.prompt, ui.model, ui.unk_policy, ui.layer, ui.status],
-        [ui.heatmap, ui.attention_state, ui.layer, ui.caption],
+    gen_event.then(handlers.ui_generate_ended, None, ui.stop_btn, queue=False, show_progress="hidden", **private)
+    attention = dict(
+        fn=handlers.ui_attention,
+        outputs=[ui.heatmap, ui.attention_state, ui.layer, ui.caption],
         concurrency_limit=concurrency,
         concurrency_id="attention",
         show_progress="minimal",
         show_progress_on=ui.heatmap,
         **private,
     )
+    # also after Stop: the view is of the prompt
+    gen_event.then(inputs=[ui.prompt, ui.model, ui.unk_policy, ui.layer, ui.status], **attention)
     ui.layer.input(  # queued with the attention view: it runs the model on the decode loop's thread
         handlers.ui_layer,
         [ui.attention_state, ui.layer],
@@ -267,7 +304,7 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
         **private,
     )
     compare_event = ui.compare_btn.click(
-        None, None, [ui.compare_ticket, ui.stop_btn], js=START_COMPARE_JS, queue=False, **private
+        None, None, [ui.compare_ticket, ui.compare_stop_btn, *cleared], js=START_COMPARE_JS, queue=False, **private
     ).then(
         handlers.ui_compare,
         [ui.compare_ticket, *ui.form],
@@ -277,8 +314,12 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
         **private,
         **stream_group,
     )
-    compare_event.then(handlers.ui_run_ended, None, ui.stop_btn, queue=False, show_progress="hidden", **private)
-    ui.stop_btn.click(handlers.ui_stop, [ui.gen_ticket, ui.compare_ticket], None, queue=False, **private)
+    compare_event.then(
+        handlers.ui_compare_ended, None, ui.compare_stop_btn, queue=False, show_progress="hidden", **private
+    )
+    compare_event.then(inputs=[ui.prompt, ui.model, ui.unk_policy, ui.layer, ui.compare_status], **attention)
+    for button, js in ((ui.stop_btn, STOP_GENERATE_JS), (ui.compare_stop_btn, STOP_COMPARE_JS)):
+        button.click(handlers.ui_stop, [ui.gen_ticket, ui.compare_ticket], None, js=js, queue=False, **private)
     for slider in (ui.max_new_tokens, ui.temperature, ui.top_k, ui.top_p):
         note = range_note_js(slider.label, slider.minimum, slider.maximum)
         slider.input(None, slider, ui.settings_note, js=note, queue=False, trigger_mode="always_last", **private)

@@ -1,40 +1,90 @@
-"""The attention view: the prompt's per-head attention weights, drawn as heat maps (matplotlib's viridis colormap).
+"""The attention view: the prompt's per-head attention weights, drawn as HTML heat maps (matplotlib's viridis
+colours), one grid of cells per head, with a readout of the weight under the pointer.
 
 Row t of head h's map is where query position t looks: weights over key positions 0..t (the "communication" of
-the lesson's self-attention), lower-triangular, summing to 1. The prompt's characters label both axes (query
-down, key across; every k-th one when they don't fit), and a colour scale says what a colour means. A lookup into
-matplotlib's colormap and a few PIL text draws are several times cheaper than a matplotlib figure (docs/benchmarks.md,
-"Figures behind design choices"), so the view can follow every generation without slowing the stream.
+the lesson's self-attention), lower-triangular, summing to 1. Whatever the prompt's length, a map shows at most the
+last `VIEW_POSITIONS` positions, each labelled with its character on both axes (query down, key across); a longer
+window's earlier keys are summed into one first column ("…"), so every row still sums to 1. Every cell's `title`
+is its weight, and hovering (or tapping) a cell says its head, query, key and weight in the readout line under the
+maps. Plain HTML: no image to load lazily, no image buttons over the maps, and on a narrow screen the heads scroll
+sideways (`VIEW_CSS`) instead of shrinking.
 
-The image is RGBA on a transparent background, so it sits on the page's own background in light and dark themes:
-text is mid grey, and masked (future) positions are a translucent grey.
+Colours are set inline; text and the masked (future) cells use the page's theme colours, so the maps suit light
+and dark pages.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-import os
+import html
 
 import matplotlib
 import numpy as np
 
-# matplotlib's viridis as a 256-entry RGBA lookup table, computed once (no figure is ever drawn)
-COLORMAP = (matplotlib.colormaps["viridis"](np.linspace(0, 1, 256)) * 255).round().astype(np.uint8)  # (256, 4)
-FUTURE = np.array([128, 128, 128, 72], dtype=np.uint8)  # keys a query cannot see (above the diagonal)
-TEXT = (128, 128, 128, 255)  # readable on a light and on a dark page
-TILE_PX = 192  # a head's map is scaled up (nearest neighbour) to at least this many pixels
-FONT_PX = 11
-LINE_PX = 14  # one line of text: a head's title, the key labels, the colour scale's labels
-AXIS_PX = 12  # the query labels' column, left of each map
-LABEL_GAP_PX = 12  # the least distance between two labels: past it, only every k-th character is labelled
-LABEL_PAD_PX = 6  # how far the first and last labels may overhang the map's edges (half a character)
-GAP_PX = 10
-SCALE_PX = (192, 10)  # the colour scale's bar (width, height)
-SCALE_H = 2 * LINE_PX + SCALE_PX[1] + 5  # its title, the bar, its ticks and their labels
-SCALE_TICKS = {0: "0", 0.05: ".05", 0.25: ".25", 0.5: ".5", 1: "1"}  # weight -> its label
-MASKED = "masked (future)"
+# matplotlib's viridis as 256 '#rrggbb' colours, computed once (no figure is ever drawn)
+_RGB = (matplotlib.colormaps["viridis"](np.linspace(0, 1, 256))[:, :3] * 255).round().astype(np.uint8)
+COLORMAP = np.array([f"#{r:02x}{g:02x}{b:02x}" for r, g, b in _RGB])  # (256,) str
+VIEW_POSITIONS = 32  # the most positions a map shows (and labels): the last ones
+DENSE_LABELS = 16  # past this many columns, a narrow screen labels every other position
+SCALE_TICKS = {0: "0", 0.05: ".05", 0.25: ".25", 0.5: ".5", 1: "1"}  # weight -> its label on the colour scale
 VISIBLE = {"\n": "↵", " ": "·", "\t": "→"}  # characters that would draw as nothing
+READOUT_HINT = "Hover over (or tap) a cell to read its weight."
+EARLIER = "…"  # the label of the column that sums the keys before the shown positions
+
+# Scoped to the view's component (gr.HTML's css_template): a map's cells are a CSS grid of square cells as wide as the
+# head's box allows, at most 22 px, in whole pixels (fractional rows leave 1-pixel seams between some of them); on a
+# narrow screen the heads scroll sideways, each ~90% of the width.
+VIEW_CSS = """
+.attn-heads {display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 14px 18px;}
+.attn-head {margin: 0; min-width: 0; container-type: inline-size;}
+.attn-head figcaption {font-size: 12px; color: var(--body-text-color-subdued); margin-bottom: 2px;}
+.attn-grid {display: grid; --cell: min(22px, calc((100cqw - 12px) / var(--n)));
+  grid-template-columns: 12px repeat(var(--n), var(--cell)); grid-auto-rows: var(--cell);
+  font: 10px/1 ui-monospace, SFMono-Regular, Menlo, monospace; color: var(--body-text-color-subdued);}
+@supports (width: round(down, 10.5px, 1px)) {
+  .attn-grid {--cell: min(22px, round(down, calc((100cqw - 12px) / var(--n)), 1px));}
+}
+.attn-grid > * {display: flex; align-items: center; justify-content: center; overflow: hidden;}
+.attn-grid > i {font-style: normal;}
+.attn-grid > b {background: color-mix(in srgb, var(--body-text-color-subdued) 22%, transparent);}
+.attn-grid > i:hover, .attn-grid > i.on {outline: 2px solid var(--body-text-color); outline-offset: -1px;}
+.attn-readout {min-height: 1.4em; margin: 8px 0 4px; font-size: 13px;}
+.attn-scale {display: flex; flex-wrap: wrap; align-items: flex-start; gap: 6px 20px; font-size: 11px;
+  color: var(--body-text-color-subdued);}
+.attn-bar, .attn-ticks {width: 192px; margin-right: 8px;}
+.attn-bar {height: 10px; margin-top: 3px;}
+.attn-ticks {position: relative; height: 15px;}
+.attn-ticks span {position: absolute; top: 1px; transform: translateX(-50%);}
+.attn-swatch {display: inline-block; width: 10px; height: 10px; vertical-align: middle; margin-right: 4px;
+  background: color-mix(in srgb, var(--body-text-color-subdued) 22%, transparent);}
+@media (max-width: 720px) {
+  .attn-heads {display: flex; overflow-x: auto; scroll-snap-type: x mandatory; padding-bottom: 6px;}
+  .attn-head {flex: 0 0 88%; scroll-snap-align: start;}
+  .attn-grid.dense .odd {visibility: hidden;}
+}
+"""
+# The readout: what the cell under the pointer (or the last one tapped) is, from its place in its map's grid (a
+# header row of key labels, then per query its label and its cells) and its title (the weight). Listens on the
+# component's element, which outlives the maps it shows (each update replaces them).
+VIEW_JS = """
+const show = (event) => {
+  const cell = event.target.closest && event.target.closest(".attn-grid > i");
+  const readout = element.querySelector(".attn-readout");
+  if (!cell || !readout) return;
+  const grid = cell.parentElement, n = Number(grid.dataset.n), start = Number(grid.dataset.start);
+  const index = Array.prototype.indexOf.call(grid.children, cell);
+  const row = Math.floor(index / (n + 1)) - 1, col = (index % (n + 1)) - 1;
+  const label = (i) => grid.children[i].textContent;
+  const query = `${start + row} “${label((row + 1) * (n + 1))}”`;
+  const key = start && col === 0
+    ? `keys 0–${start - 1} (summed)`
+    : `${start + col - (start ? 1 : 0)} “${label(col + 1)}”`;
+  element.querySelectorAll(".attn-grid > i.on").forEach((c) => c.classList.remove("on"));
+  cell.classList.add("on");
+  readout.textContent = `head ${grid.dataset.head} · query ${query} → key ${key}: weight ${cell.title}`;
+};
+element.addEventListener("pointerover", show);
+element.addEventListener("click", show);
+"""
 
 
 def prompt_attention(model, ids: list[int]) -> np.ndarray:
@@ -52,119 +102,70 @@ def axis_text(chars: str) -> str:
     return "".join(VISIBLE.get(c, c) for c in chars)
 
 
-def label_step(T: int) -> int:
-    """Every how many positions an axis gets a label: 1 while the characters fit (T <= 16), 6 at T = 128."""
-    return math.ceil(LABEL_GAP_PX / _cell_px(T))
+def colour_index(weights: np.ndarray, gamma: float = 0.5) -> np.ndarray:
+    """Weights in [0, 1] -> indices into `COLORMAP` of weight**gamma. gamma < 1 lifts small weights, which are most
+    of them once the prompt is longer than a few characters."""
+    return np.clip(np.rint(np.clip(weights, 0, 1) ** gamma * 255), 0, 255).astype(np.intp)
 
 
-def colorize(weights: np.ndarray, gamma: float = 0.5) -> np.ndarray:
-    """(..., T, T) weights in [0, 1] -> (..., T, T, 4) uint8 RGBA: colormap of weight**gamma, future keys grey.
-
-    gamma < 1 lifts small weights, which are most of them once the prompt is longer than a few characters.
-    """
+def shown_weights(weights: np.ndarray, positions: int = VIEW_POSITIONS) -> tuple[np.ndarray, int]:
+    """(n_head, T, T) weights -> (what the maps show, the first shown position s): the last n = min(T, positions)
+    queries, (n_head, n, n) over the last n keys, or (n_head, n, n + 1) when s > 0, the first column then holding
+    each query's total weight on keys 0..s-1."""
     T = weights.shape[-1]
-    rgba = COLORMAP[_color_index(np.clip(weights, 0, 1), gamma)]
-    future = np.triu(np.ones((T, T), dtype=bool), k=1)
-    rgba[..., future, :] = FUTURE
-    return rgba
+    start = max(0, T - positions)
+    shown = weights[:, start:, start:]
+    if start:
+        shown = np.concatenate([weights[:, start:, :start].sum(-1, keepdims=True), shown], axis=-1)
+    return shown, start
 
 
-def render_heads(weights: np.ndarray, chars: str | None = None, max_columns: int = 3, gamma: float = 0.5) -> np.ndarray:
-    """One layer's weights (n_head, T, T) -> an RGBA image (height, width, 4) uint8, transparent background: a grid
-    of heat maps titled by head, query positions down and key positions across, both labelled with `chars` (the T
-    characters the view read, if given), and a colour scale below."""
-    from PIL import Image, ImageDraw
-
+def render_heads(weights: np.ndarray, chars: str, positions: int = VIEW_POSITIONS, gamma: float = 0.5) -> str:
+    """One layer's weights (n_head, T, T) and the T characters the view read -> the view's HTML: a heat map per
+    head (the last `positions` positions, see `shown_weights`), a readout line and a colour scale."""
     if weights.ndim != 3 or weights.shape[1] != weights.shape[2]:
         raise ValueError(f"weights must have shape (n_head, T, T), got {weights.shape}")
     H, T, _ = weights.shape
-    if chars is not None and len(chars) != T:
+    if len(chars) != T:
         raise ValueError(f"chars must be the {T} characters of the view, got {len(chars)}: {chars!r}")
-    cell = _cell_px(T)
-    side = T * cell
-    tiles = colorize(weights, gamma).repeat(cell, axis=1).repeat(cell, axis=2)  # (H, T*cell, T*cell, 4)
-    cols = min(H, max_columns)
-    rows = math.ceil(H / cols)
-    block_w, block_h = AXIS_PX + side, 2 * LINE_PX + side  # a head: title, key labels, then query labels | map
-    grid_w = cols * block_w + (cols + 1) * GAP_PX
-    scale_w = AXIS_PX + sum(SCALE_PX) + 4 * GAP_PX + round(_font().getlength(MASKED))  # the bar, a swatch, its text
-    grid_h = rows * block_h + (rows + 1) * GAP_PX
-    canvas = np.zeros((grid_h + SCALE_H + GAP_PX, max(grid_w, GAP_PX + scale_w), 4), dtype=np.uint8)  # transparent
-    origins = []
+    shown, start = shown_weights(weights, positions)
+    text = axis_text(chars)
+    labels = ([EARLIER] if start else []) + list(text[start:])
+    n, queries = len(labels), T - start
+    # every other label counted back from the last position, hidden on a narrow screen if there are many (VIEW_CSS)
+    odd = [' class="odd"' if (n - 1 - j) % 2 else "" for j in range(n)]
+    header = "<span></span>" + "".join(f"<span{odd[j]}>{html.escape(c)}</span>" for j, c in enumerate(labels))
+    colours = COLORMAP[colour_index(shown, gamma)]
+    dense = " dense" if n > DENSE_LABELS else ""
+    titles = np.char.lstrip(np.char.mod("%.3f", shown), "0")  # a cell's title: its weight, '.125'
+    heads = []
     for h in range(H):
-        r, c = divmod(h, cols)
-        x, y = GAP_PX + c * (block_w + GAP_PX), GAP_PX + r * (block_h + GAP_PX)
-        canvas[y + 2 * LINE_PX : y + block_h, x + AXIS_PX : x + block_w] = tiles[h]
-        origins.append((x, y))
-    image = Image.fromarray(canvas, "RGBA")
-    draw = ImageDraw.Draw(image)
-    font = _font()
-    if chars is not None:
-        keys, queries = _axis_strips(axis_text(chars), cell)
-    for h, (x, y) in enumerate(origins):
-        draw.text((x + AXIS_PX, y), f"head {h}", fill=TEXT, font=font)
-        if chars is not None:
-            image.alpha_composite(keys, (x + AXIS_PX - LABEL_PAD_PX, y + LINE_PX))
-            image.alpha_composite(queries, (x, y + 2 * LINE_PX - LABEL_PAD_PX))
-    _draw_scale(image, draw, GAP_PX + AXIS_PX, grid_h, gamma)
-    return np.asarray(image)
+        rows = []
+        for i in range(queries):
+            seen = i + 1 + (1 if start else 0)  # the cells this query can see: the summed one, keys start..start+i
+            cells = "".join(
+                f'<i style="background:{colours[h, i, j]}" title="{titles[h, i, j]}"></i>' for j in range(seen)
+            )
+            rows.append(
+                f"<span{odd[i + n - queries]}>{html.escape(text[start + i])}</span>{cells}{'<b></b>' * (n - seen)}"
+            )
+        heads.append(
+            f'<figure class="attn-head"><figcaption>head {h}</figcaption><div class="attn-grid{dense}" data-head="{h}" '
+            f'data-n="{n}" data-start="{start}" style="--n:{n}">{header}{"".join(rows)}</div></figure>'
+        )
+    return (
+        f'<div class="attn-view"><div class="attn-heads">{"".join(heads)}</div>'
+        f'<div class="attn-readout" aria-live="polite">{READOUT_HINT}</div>{_scale(gamma)}</div>'
+    )
 
 
-def _cell_px(T: int) -> int:
-    return max(1, math.ceil(TILE_PX / T))
-
-
-def _color_index(weights: np.ndarray, gamma: float) -> np.ndarray:
-    return np.clip(np.rint(weights**gamma * 255), 0, 255).astype(np.intp)
-
-
-@functools.cache
-def _font():
-    """DejaVu Sans Mono, which matplotlib ships (so ↵ and · have glyphs on every machine)."""
-    from PIL import ImageFont
-
-    return ImageFont.truetype(os.path.join(matplotlib.get_data_path(), "fonts", "ttf", "DejaVuSansMono.ttf"), FONT_PX)
-
-
-def _axis_strips(text: str, cell: int):
-    """(key labels across, query labels down) as transparent images, drawn once and pasted beside every head; each
-    reaches `LABEL_PAD_PX` past the map's ends, where the first and last labels overhang. Labels count back from the
-    last position, so the newest character always has one; when only every k-th fits, a tick marks its place."""
-    from PIL import Image, ImageDraw
-
-    T, step, font, pad = len(text), label_step(len(text)), _font(), LABEL_PAD_PX
-    keys = Image.new("RGBA", (T * cell + 2 * pad, LINE_PX))
-    queries = Image.new("RGBA", (AXIS_PX, T * cell + 2 * pad))
-    key_draw, query_draw = ImageDraw.Draw(keys), ImageDraw.Draw(queries)
-    for i in range(T - 1, -1, -step):
-        middle = pad + i * cell + cell / 2
-        key_draw.text((middle, LINE_PX - 4), text[i], fill=TEXT, font=font, anchor="ms")
-        query_draw.text((AXIS_PX - 4, middle), text[i], fill=TEXT, font=font, anchor="rm")
-        if step > 1:
-            key_draw.line([(middle, LINE_PX - 2), (middle, LINE_PX - 1)], fill=TEXT)
-            query_draw.line([(AXIS_PX - 2, middle), (AXIS_PX - 1, middle)], fill=TEXT)
-    return keys, queries
-
-
-def _draw_scale(image, draw, x: int, y: int, gamma: float) -> None:
-    """The colour scale at (x, y): a title, the bar with weight ticks at weight**gamma, a 'masked' swatch."""
-    font = _font()
-    width, height = SCALE_PX
+def _scale(gamma: float) -> str:
+    """The colour scale: a bar of the colours with weight ticks at weight**gamma, and the masked swatch."""
     colour = "√weight" if gamma == 0.5 else f"weight^{gamma:g}"
-    draw.text((x, y), f"attention weight (colour = {colour})", fill=TEXT, font=font)
-    top = y + LINE_PX + 2
-    ramp = COLORMAP[np.linspace(0, 255, width).round().astype(np.intp)]  # (width, 4): the colours left to right
-    image.paste(_image(np.repeat(ramp[None], height, axis=0)), (x, top))
-    for w, label in SCALE_TICKS.items():  # so weight w sits at w**gamma of the way
-        at = x + round(w**gamma * (width - 1))
-        draw.line([(at, top + height), (at, top + height + 2)], fill=TEXT)
-        draw.text((at, top + height + 3), label, fill=TEXT, font=font, anchor="mt")
-    swatch = x + width + 2 * GAP_PX
-    image.alpha_composite(_image(np.broadcast_to(FUTURE, (height, height, 4))), (swatch, top))
-    draw.text((swatch + height + 4, top + height / 2), MASKED, fill=TEXT, font=font, anchor="lm")
-
-
-def _image(rgba: np.ndarray):
-    from PIL import Image
-
-    return Image.fromarray(np.ascontiguousarray(rgba), "RGBA")
+    stops = ", ".join(COLORMAP[np.linspace(0, 255, 9).round().astype(np.intp)])
+    ticks = "".join(f'<span style="left:{w**gamma * 100:.1f}%">{label}</span>' for w, label in SCALE_TICKS.items())
+    return (
+        f'<div class="attn-scale"><div>attention weight (colour = {colour})'
+        f'<div class="attn-bar" style="background:linear-gradient(to right, {stops})"></div>'
+        f'<div class="attn-ticks">{ticks}</div></div><div><span class="attn-swatch"></span>masked (future)</div></div>'
+    )

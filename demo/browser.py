@@ -2,7 +2,8 @@
 the demo's FastAPI app under `/browser/`.
 
 What is served is a fixed table of files, nothing else (no directory is exposed, so no path can reach outside it):
-the page's own files (its request limits `limits.json`, generated from `gpt_serve.generation.spec`, among them),
+the page's own files (among them its request limits `limits.json`, generated from `gpt_serve.generation.spec`, and
+the demo's form `form.json`, generated from `demo.form`),
 onnxruntime-web's WASM build from `demo/web/node_modules` (installed by `npm ci`, see the Makefile) under `ort/`, and
 three files of one model folder under `model/`, the page's default model URL. Without `node_modules` the page's URL
 answers 503 with how to install it.
@@ -17,7 +18,7 @@ from gpt_serve.onnx_contract import INT8_FILE_NAME, ONNX_SUBDIR
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
 JS_MODULES = ("app.js", "engine.js", "form.js", "model.js", "rng.js", "sampling.js", "spec.js", "vocab.js")
-PAGE_FILES = ("index.html", "style.css", "limits.json", *JS_MODULES)
+PAGE_FILES = ("index.html", "style.css", "limits.json", "form.json", *JS_MODULES)
 ORT_DIST = Path("node_modules") / "onnxruntime-web" / "dist"  # relative to WEB_DIR
 # onnxruntime-web's WASM-only ES module and the WebAssembly build (with its loader) it fetches
 ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")

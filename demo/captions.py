@@ -14,7 +14,7 @@ from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.registry import ModelRegistry, RequestError
 from gpt_serve.models import LADDER
 
-from .attention import VISIBLE, axis_text, label_step
+from .attention import EARLIER, VIEW_POSITIONS, VISIBLE, axis_text
 from .generation import GenerationRequest, Progress, plural
 
 FAILED = "⚠️"  # how the status line starts when a run could not start or failed
@@ -54,15 +54,19 @@ def attention_caption(n_layer: int, n_head: int, layer: int, chars: str) -> str:
     """What the heat maps of `layer` show: which layer and heads, the characters on their axes, how to read them."""
     layers = "the only layer" if n_layer == 1 else f"of {numbered(n_layer, 'layer')}"
     marks = [f"{VISIBLE[c]} = {name}" for c, name in (("\n", "newline"), (" ", "space"), ("\t", "tab")) if c in chars]
-    step = label_step(len(chars))
-    if step > 1:
-        marks.append(f"one character in {step} labelled")
     axes = f"; {', '.join(marks)}" if marks else ""
+    earlier = len(chars) - VIEW_POSITIONS
+    shown = (
+        f"; the maps show the last {VIEW_POSITIONS}, and their first column ({EARLIER}) sums each row's weight on the "
+        f"{plural(earlier, 'key')} before"
+        if earlier > 0
+        else ""
+    )
     return (
         f"Layer {layer} ({layers}) · {numbered(n_head, 'head')} · the last {plural(len(chars), 'prompt character')} "
-        f"on both axes: {code(axis_text(chars))} (query ↓, key →{axes}). Row t: how query position t spreads its "
-        f"attention over key positions 0..t (each row sums to 1). Colour = √weight, see the scale; translucent "
-        f"grey = future positions, masked."
+        f"on both axes: {code(axis_text(chars))} (query ↓, key →{axes}){shown}. Row t: how query position t spreads "
+        f"its attention over key positions 0..t (each row sums to 1). Colour = √weight, see the scale; shaded = "
+        f"future positions, masked."
     )
 
 
@@ -82,24 +86,51 @@ def model_line(registry: ModelRegistry, model: str, backend: str) -> str:
 
 
 def ladder_label(name: str, registry: ModelRegistry) -> str:
-    """A comparison column's label: 'A: one self-attention head · val loss 2.40' for a ladder stage (what it adds,
-    and the validation loss its training reached when the folder has metrics); 'shakespeare: 4 layers × 6 heads ·
-    val loss 1.48' for another model."""
-    label = f"{name.rsplit('-', 1)[-1].upper()}: {LADDER[name]}" if name in LADDER else name
+    """A comparison column's label, short enough for one line: 'A · val loss 2.40' for a ladder stage (with the
+    validation loss its training reached when the folder has metrics), 'shakespeare · val loss 1.48' for another
+    model; `ladder_legend` says what each is."""
+    label = _stage(name)
     try:
         info = registry.info(name)
     except RequestError:
         return f"{label} (not available)"
-    if name not in LADDER:
-        label += f": {plural(info['n_layer'], 'layer')} × {plural(info['n_head'], 'head')}"
     return label if info["val_loss"] is None else f"{label} · val loss {info['val_loss']:.2f}"
 
 
+def ladder_legend(names: list[str], registry: ModelRegistry) -> str:
+    """What the comparison's columns are: '**A** one self-attention head · **B** ...' ('shakespeare: 4 layers × 6
+    heads' for a model outside the ladder)."""
+    parts = []
+    for name in names:
+        if name in LADDER:
+            parts.append(f"**{_stage(name)}** {LADDER[name]}")
+            continue
+        try:
+            info = registry.info(name)
+            parts.append(f"**{name}** {plural(info['n_layer'], 'layer')} × {plural(info['n_head'], 'head')}")
+        except RequestError:
+            parts.append(f"**{name}** (not available)")
+    return " · ".join(parts)
+
+
+def _stage(name: str) -> str:
+    """'ladder-a' -> 'A'; another model keeps its name."""
+    return name.rsplit("-", 1)[-1].upper() if name in LADDER else name
+
+
+COMPARE_STATES = {
+    "running": "Running the prompt {prompt} (seed {seed}) through every column…",
+    "done": "Done: the prompt {prompt} (seed {seed}), the same settings in every column.",
+    "stopped": "Stopped: the prompt {prompt} (seed {seed}), the same settings in every column.",
+}
+
+
 def compare_status(prompt: str, seed: int, state: str) -> str:
-    """'Done: prompt `ROMEO:` · seed 5 · the same settings in every column.' (`state`: Running…, Done, Stopped)."""
+    """'Done: the prompt `ROMEO:` (seed 5), the same settings in every column.' (`state`: a key of
+    `COMPARE_STATES`); a newline shows as ↵, a prompt past 80 characters is cut short."""
     shown = prompt.replace("\n", "↵")
     shown = shown if len(shown) <= 80 else shown[:79] + "…"
-    return f"{state}: prompt {code(shown)} · seed {seed} · the same settings in every column."
+    return COMPARE_STATES[state].format(prompt=code(shown), seed=seed)
 
 
 RANGE_NOTE_JS = """(value) => {

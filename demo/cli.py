@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     from gpt_serve.generation.registry import ModelRegistry
 
-    from .app import CSS, build_demo, launch_limits
+    from .app import build_demo, launch_options
     from .browser import mount_browser
     from .generation import Limits
 
@@ -234,9 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             share=args.share,
             prevent_thread_lock=True,
             max_threads=max(40, 2 * args.concurrency + 8),
-            css=CSS,
             ssr_mode=False,
-            **launch_limits(),
+            **launch_options(),
             mcp_server=args.mcp,
         )
     except OSError as e:

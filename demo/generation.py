@@ -161,16 +161,18 @@ class StopRequests:
             ):
                 self._stopped.popitem(last=False)
 
-    def stop_page(self, session: object) -> None:
-        """Stops the runs that `supersede` registered for a page session (whatever ticket the page holds now)."""
+    def stop_page(self, session: object, kinds: tuple[str, ...] | None = None) -> None:
+        """Stops the runs that `supersede` registered for a page session (whatever ticket the page holds now): those
+        of `kinds` (kinds of run: "generate", "compare"), or all of them."""
         with self._lock:
-            tickets = [t for key, t in self._current.items() if key[0] == session]
+            tickets = [t for key, t in self._current.items() if key[0] == session and _of(key, kinds)]
         self.stop(*tickets)
 
-    def has_runs(self, session: object) -> bool:
-        """Whether a run that `supersede` registered for a page session is still on (not yet `forget`-ed)."""
+    def has_runs(self, session: object, kinds: tuple[str, ...] | None = None) -> bool:
+        """Whether a run of `kinds` (or any) that `supersede` registered for a page session is still on (not yet
+        `forget`-ed)."""
         with self._lock:
-            return any(key[0] == session for key in self._current)
+            return any(key[0] == session and _of(key, kinds) for key in self._current)
 
     def is_stopped(self, ticket: str | None) -> bool:
         return self.valid(ticket) and ticket in self._stopped
@@ -190,6 +192,10 @@ class StopRequests:
 
 
 _TICKET = re.compile(r"[0-9A-Za-z_-]+")
+
+
+def _of(key: tuple, kinds: tuple[str, ...] | None) -> bool:
+    return kinds is None or key[1] in kinds
 
 
 def pacer(interval: float | Callable[[], float]) -> Callable[[], float]:

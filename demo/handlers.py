@@ -40,9 +40,7 @@ from .generation import (
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_NEW_TOKENS = 300
 ATTENTION_CACHE = 8  # attention views kept for the layer selector (each at most n_layer x n_head x T x T floats)
-DEFAULT_TEMPERATURE = 0.8
 
 
 def sends_updates(method):
@@ -189,8 +187,8 @@ class DemoHandlers:
     @sends_updates
     def ui_generate(self, page: gr.Request, ticket: str | None, *form):
         """The Generate button (`form`: the `FIELDS`): yields (output: prompt + text so far, stats, status). A bad
-        request or a failure is said once, in the status line (starting with `FAILED`); the output keeps the
-        previous text."""
+        request or a failure is said once, in the status line (starting with `FAILED`), beside an empty output: no
+        text of an earlier run stays beside it."""
         if page is not None:
             self.stops.supersede((page.session_hash, "generate"), ticket)
         try:
@@ -206,10 +204,10 @@ class DemoHandlers:
                 status = "Stopped." if p.stopped else "Done." if p.done else "Generating…"
                 yield p.prompt + p.text, stats_line(p, request) if p.tokens or p.done else "", status
         except RequestError as e:
-            yield gr.skip(), "", f"{FAILED} {e}"
+            yield "", "", f"{FAILED} {e}"
         except Exception as e:
             logger.exception("generation failed")
-            yield gr.skip(), "", f"{FAILED} generation failed: {type(e).__name__}: {e}"
+            yield "", "", f"{FAILED} generation failed: {type(e).__name__}: {e}"
         finally:
             self.stops.forget(ticket)
 
@@ -275,10 +273,9 @@ class DemoHandlers:
     @sends_updates
     def ui_compare(self, page: gr.Request, ticket: str | None, *form):
         """Compare the ladder (`form`: the `FIELDS`, its model ignored): yields (one text per column of `compared`...,
-        status: the prompt and seed they all got)."""
+        status: the prompt and seed they all got). A bad request empties the columns and says why in the status."""
         if page is not None:
             self.stops.supersede((page.session_hash, "compare"), ticket)
-        skip_all = [gr.skip()] * len(self.compared)
         try:
             base = self._parse(form)
             streams = [
@@ -292,24 +289,33 @@ class DemoHandlers:
                 for name in self.compared
             ]
             for texts in stream_side_by_side(streams, self.interval):
-                yield *texts, compare_status(base.prompt, base.seed, "Running…")
-            end = "Stopped" if self.stops.is_stopped(ticket) else "Done"
-            yield *skip_all, compare_status(base.prompt, base.seed, end)
+                yield *texts, compare_status(base.prompt, base.seed, "running")
+            end = "stopped" if self.stops.is_stopped(ticket) else "done"
+            yield *[gr.skip()] * len(self.compared), compare_status(base.prompt, base.seed, end)
         except RequestError as e:
-            yield *skip_all, f"{FAILED} {e}"
+            yield *[""] * len(self.compared), f"{FAILED} {e}"
         finally:
             self.stops.forget(ticket)
 
     def ui_stop(self, generate_ticket, compare_ticket, page: gr.Request = None):
-        """The Stop button: ends the page's runs after their current token."""
+        """A Stop button: ends the page's runs of the kinds whose tickets it sends after their current token (the
+        Stop beside Generate sends Generate's ticket only, the comparison's Stop the comparison's)."""
         self.stops.stop(generate_ticket, compare_ticket)  # runs still waiting in the queue
-        if page is not None:
-            self.stops.stop_page(page.session_hash)  # and the page's running ones, whichever ticket it holds now
+        kinds = tuple(kind for kind, ticket in (("generate", generate_ticket), ("compare", compare_ticket)) if ticket)
+        if page is not None and kinds:
+            self.stops.stop_page(page.session_hash, kinds)  # and the page's running ones, whichever ticket it holds
 
-    def ui_run_ended(self, page: gr.Request = None):
-        """After a run of the page (generate or compare): Stop stays enabled only while another of its runs is on.
-        (The page enables Stop when a run is asked for; a run still waiting in the queue is not counted here.)"""
-        return gr.Button(interactive=page is not None and self.stops.has_runs(page.session_hash))
+    def ui_generate_ended(self, page: gr.Request = None):
+        """After a Generate run of the page: its Stop stays enabled only while another Generate run of it is on."""
+        return self._stop_button(page, "generate")
+
+    def ui_compare_ended(self, page: gr.Request = None):
+        """After a comparison of the page: its Stop stays enabled only while another comparison of it is on."""
+        return self._stop_button(page, "compare")
+
+    def _stop_button(self, page, kind: str):
+        # (the page enables a Stop when its run is asked for; a run still waiting in the queue is not counted here)
+        return gr.Button(interactive=page is not None and self.stops.has_runs(page.session_hash, (kind,)))
 
 
 # The fields of a generation request, in the order the UI and `_parse` pass them: the /generate API's parameters.

@@ -1,5 +1,6 @@
-// The page: loads onnxruntime-web, the model and the request specification (limits.json: the form's defaults,
-// limits and messages), reads the form, streams the tokens into the output with live stats, and stops on Stop.
+// The page: loads onnxruntime-web, the model, the demo's form (form.json: the labels, defaults and choices of the
+// Gradio demo's fields, from demo/form.py) and the request specification (limits.json: the limits and messages),
+// reads the form, streams the tokens into the output with live stats, and stops on Stop.
 // `window.gptServe` runs the same generation for scripts (the browser test drives it):
 //
 //   await gptServe.ready;                                   // the model's facts, once it is loaded
@@ -12,12 +13,14 @@
 import { encodePrompt, generateTokens } from "./engine.js";
 import { FieldError, FORM_FIELDS, inputId, readForm } from "./form.js";
 import { loadModel, ModelError, ONNX_FILES } from "./model.js";
-import { loadSpec, parseRequest } from "./spec.js";
+import { loadJson, loadSpec, parseRequest } from "./spec.js";
 import { plural } from "./vocab.js";
 
 const ORT_DIR = new URL("ort/", import.meta.url);
 const ORT_MODULE = "ort.wasm.min.mjs"; // onnxruntime-web's WASM-only build; it loads its .wasm from ORT_DIR
 const PAINT_INTERVAL_MS = 50; // the least time between two updates of the output (and yields to the page)
+const FORM_FILE = new URL("form.json", import.meta.url);
+const CHOICE_FIELDS = ["window_mode", "unk_policy"]; // radio buttons, named after the field's input id
 
 const $ = (id) => document.getElementById(id);
 const query = new URLSearchParams(location.search);
@@ -103,21 +106,30 @@ function setStatus(text, kind = "") {
   $("status").className = `status ${kind}`;
 }
 
-/** The form's texts, by the specification's field names (the window mode: the checked radio's value). */
+/** The form's texts, by the specification's field names (a choice: the checked radio's value). */
 function formFields() {
   const text = (name) =>
-    name === "window_mode" ? document.querySelector("input[name=window-mode]:checked")?.value : $(inputId(name)).value;
+    CHOICE_FIELDS.includes(name)
+      ? document.querySelector(`input[name=${inputId(name)}]:checked`)?.value
+      : $(inputId(name)).value;
   return Object.fromEntries(FORM_FIELDS.map((name) => [name, text(name)]));
 }
 
-/** Fills the form with the specification's defaults (the prompt keeps the page's example; an empty seed is
- * random). */
-function showDefaults(spec) {
-  for (const name of FORM_FIELDS.filter((n) => n !== "prompt" && n !== "window_mode")) {
-    $(inputId(name)).value = String(spec[name].default ?? "");
+/** Labels the form's fields, adds the choices' radio buttons and fills in the defaults, as the demo's (form.json). */
+function showForm(form) {
+  document.querySelectorAll("[data-field]").forEach((el) => (el.textContent = form[el.dataset.field].label));
+  for (const name of CHOICE_FIELDS) {
+    for (const [label, value] of form[name].choices) {
+      const input = Object.assign(document.createElement("input"), { type: "radio", name: inputId(name), value });
+      input.checked = value === form[name].default;
+      const choice = document.createElement("label");
+      choice.append(input, label);
+      $(inputId(name)).append(choice);
+    }
   }
-  const mode = document.querySelector(`input[name=window-mode][value="${spec.window_mode.default}"]`);
-  if (mode) mode.checked = true;
+  for (const name of FORM_FIELDS.filter((n) => !CHOICE_FIELDS.includes(n))) {
+    $(inputId(name)).value = String(form[name].default);
+  }
 }
 
 async function onGenerate(model, spec) {
@@ -185,15 +197,20 @@ function describe(model, seconds) {
   );
 }
 
-/** The specification (limits.json), the form filled with its defaults. */
+/** The specification (limits.json), the form (form.json) shown. */
 async function openSpec() {
+  let spec;
   try {
-    const spec = await loadSpec();
-    showDefaults(spec);
-    return spec;
+    spec = await loadSpec();
   } catch (e) {
     throw new Error(`The page's request limits could not be loaded: ${e.message}`);
   }
+  try {
+    showForm(await loadJson(FORM_FILE, "the demo's form"));
+  } catch (e) {
+    throw new Error(`The page's form could not be loaded: ${e.message}`);
+  }
+  return spec;
 }
 
 function main() {

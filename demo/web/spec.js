@@ -24,14 +24,19 @@ export class RequestError extends Error {
 
 /** The specification table (limits.json, next to this module). */
 export async function loadSpec(url = new URL(SPEC_FILE, import.meta.url)) {
+  return loadJson(url, "the page's request limits");
+}
+
+/** The JSON file at `url`, `what` the page needs it for (named in the error if it cannot be had). */
+export async function loadJson(url, what) {
   let response;
   try {
     response = await fetch(url);
   } catch (e) {
-    throw new Error(`cannot fetch ${url}, the page's request limits (${e.message}): is the server up?`);
+    throw new Error(`cannot fetch ${url}, ${what} (${e.message}): is the server up?`);
   }
   if (!response.ok) {
-    throw new Error(`${url} answered ${response.status} ${response.statusText}: the page needs its ${SPEC_FILE}`);
+    throw new Error(`${url} answered ${response.status} ${response.statusText}: the page needs it (${what})`);
   }
   try {
     return await response.json();

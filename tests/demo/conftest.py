@@ -37,7 +37,7 @@ def serve(blocks, registry=None, browser_model: str = "tiny"):
     """Launches `blocks` on 127.0.0.1 on a free port without blocking, with the OpenAI-compatible API of `registry`
     and the in-browser page of its model `browser_model` mounted as `python -m demo` does; yields its URL; closes
     it."""
-    from demo.app import launch_limits
+    from demo.app import launch_options
     from demo.browser import mount_browser
     from demo.cli import mount_api
 
@@ -47,7 +47,7 @@ def serve(blocks, registry=None, browser_model: str = "tiny"):
         prevent_thread_lock=True,
         quiet=True,
         ssr_mode=False,
-        **launch_limits(),
+        **launch_options(),
     )
     if registry is not None:
         assert mount_api(app, registry, "torch", SERVER_MAX_NEW_TOKENS)
@@ -111,15 +111,15 @@ def handlers(registry):
     return demo.handlers
 
 
-# The in-browser page's form as it starts, by specification field name: its example prompt, and the request
-# specification's defaults (a null seed: empty, random).
+# The in-browser page's form as it starts, by specification field name: the Gradio demo's defaults (demo/form.py,
+# shipped to the page as form.json).
 PAGE_FORM = dict(
     prompt="ROMEO:",
-    max_new_tokens="256",
-    temperature="1",
+    max_new_tokens="300",
+    temperature="0.8",
     top_k="0",
     top_p="1",
-    seed="",
+    seed="-1",
     window_mode="refill",
     unk_policy="error",
 )

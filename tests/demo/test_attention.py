@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from demo.attention import (
-    AXIS_PX,
     COLORMAP,
-    FUTURE,
-    GAP_PX,
-    LINE_PX,
-    SCALE_H,
+    EARLIER,
+    VIEW_POSITIONS,
     axis_text,
-    colorize,
-    label_step,
+    colour_index,
     prompt_attention,
     render_heads,
+    shown_weights,
 )
 from gpt_serve.generation.registry import ModelRegistry
 from gpt_serve.generation.spec import MAX_NEW_TOKENS
@@ -35,46 +34,54 @@ def random_weights(n_head: int, T: int, seed: int = 0) -> np.ndarray:
     return weights / weights.sum(-1, keepdims=True)
 
 
-def test_heat_maps_grid_masked_future_and_transparent_background():
+def cells(view: str) -> list[tuple[str, str]]:
+    """(colour, title) of every visible cell of a view's HTML, in order."""
+    return re.findall(r'<i style="background:(#[0-9a-f]{6})" title="([^"]*)"></i>', view)
+
+
+def test_a_map_per_head_its_cells_coloured_and_titled_by_weight():
     weights = random_weights(6, 5)
-    image = render_heads(weights)
-    assert image.dtype == np.uint8 and image.shape[2] == 4  # RGBA
-    assert image.shape[1] > image.shape[0]  # 6 heads: 3 columns, 2 rows
+    view = render_heads(weights, "ab\n c")
+    assert view.count('<figure class="attn-head">') == 6 and "head 5</figcaption>" in view
+    shown = cells(view)
+    assert len(shown) == 6 * 15 and view.count("<b></b>") == 6 * 10  # lower triangle visible, the rest masked
+    first_head = np.asarray(weights[0])[np.tril_indices(5)]
+    assert [title for _, title in shown[:15]] == [f"{w:.3f}".lstrip("0") for w in first_head]
+    assert [colour for colour, _ in shown[:15]] == list(COLORMAP[colour_index(first_head)])
     with pytest.raises(ValueError, match="shape \\(n_head, T, T\\)"):
-        render_heads(weights[0])
-    assert (image == FUTURE).all(axis=-1).any()  # the masked upper triangle is drawn translucent grey
-    assert image[0, 0, 3] == 0 and image[-1, -1, 3] == 0  # the background is transparent (light and dark pages)
-    assert 0 < FUTURE[3] < 255
-
-
-def test_the_colour_scale_is_drawn_below_the_maps():
-    weights = np.tril(np.full((1, 4, 4), 0.5, dtype=np.float32))  # no weight 0 or 1 in the map itself
-    below = render_heads(weights)[-(SCALE_H + GAP_PX) :]
-    for end in (COLORMAP[0], COLORMAP[255], FUTURE):  # weight 0, weight 1, the masked swatch
-        assert (below == end).all(axis=-1).any()
-    # along the bar, the colour of weight 0.25 (√ = 0.5) sits half way, where its tick is
-    row, start = np.argwhere((below == COLORMAP[0]).all(-1))[0]
-    stop = np.argwhere((below[row] == COLORMAP[255]).all(-1))[0, 0]
-    middle = below[row, (start + stop + 1) // 2]
-    assert (middle == colorize(np.full((1, 1), 0.25))[0, 0]).all()
-
-
-def test_the_characters_label_both_axes_newlines_and_spaces_visibly():
-    assert axis_text("a\n b\t") == "a↵·b→"
-    weights = random_weights(2, 4)
-    plain, labelled = render_heads(weights), render_heads(weights, "ab\n ")
-    assert plain.shape == labelled.shape
-    rows, cols = np.nonzero((plain != labelled).any(axis=-1))  # where the labels are drawn
-    assert cols.min() < GAP_PX + AXIS_PX and rows.min() < GAP_PX + 2 * LINE_PX  # left of the first map, above it
-    assert not np.array_equal(labelled, render_heads(weights, "ab  "))  # ↵ is not ·
-    with pytest.raises(ValueError, match="chars must be the 4 characters"):
+        render_heads(weights[0], "ab\n c")
+    with pytest.raises(ValueError, match="chars must be the 5 characters"):
         render_heads(weights, "abc")
 
 
-def test_long_prompts_get_every_kth_character_labelled():
-    assert [label_step(T) for T in (6, 16, 32, 64, 128)] == [1, 1, 2, 4, 6]
-    image = render_heads(random_weights(6, 128), "x" * 128)
-    assert image.shape[1] < 1000  # three 256-pixel maps across, still readable on a page
+def test_the_colour_scale_and_the_readout_line_are_under_the_maps():
+    view = render_heads(random_weights(1, 3), "abc")
+    assert view.index("attn-heads") < view.index("attn-readout") < view.index("attn-scale")
+    assert "colour = √weight" in view and "masked (future)" in view
+    assert 'left:50.0%">.25</span>' in view  # weight .25 sits half way along a bar of √weight
+
+
+def test_the_characters_label_both_axes_newlines_and_spaces_visibly_and_escaped():
+    assert axis_text("a\n b\t") == "a↵·b→"
+    view = render_heads(random_weights(1, 4), "<\n &")
+    header = re.search(r"<span></span>(.*?)<span class=\"odd\">&lt;</span><i", view)  # the first row's label
+    assert header and re.sub("<[^>]+>", "", header.group(1)) == "&lt;↵·&amp;"
+    assert "<\n" not in view
+
+
+def test_a_long_prompt_shows_its_last_positions_and_sums_the_earlier_keys():
+    weights = random_weights(2, 128)
+    shown, start = shown_weights(weights)
+    assert start == 128 - VIEW_POSITIONS and shown.shape == (2, VIEW_POSITIONS, VIEW_POSITIONS + 1)
+    np.testing.assert_allclose(shown.sum(-1), 1.0, atol=1e-5)  # every row still sums to 1
+    np.testing.assert_allclose(shown[:, :, 0], weights[:, start:, :start].sum(-1), atol=1e-6)
+    view = render_heads(weights, "x" * 96 + "abcdefghijklmnopqrstuvwxyzABCDEF")
+    grid = re.search(r'data-start="96" style="--n:33">(.*?)</div>', view).group(1)
+    labels = re.findall(r"<span[^>]*>([^<]*)</span>", grid)  # the corner, the keys, then a label per query
+    assert labels == ["", EARLIER, *"abcdefghijklmnopqrstuvwxyzABCDEF", *"abcdefghijklmnopqrstuvwxyzABCDEF"]
+    assert len(cells(view)) == 2 * sum(i + 2 for i in range(32))  # the summed column, then keys 96..query
+    longer = render_heads(random_weights(2, 512), "x" * 512)
+    assert len(longer) < 1.05 * len(view) < 2 * 35_000  # the size of the view stops growing with the prompt
 
 
 def test_build_demo_with_defaults_loads_nothing(registry):

@@ -1,10 +1,12 @@
 """The demo in a real browser: Debian's headless Chromium driven by Playwright for Python.
 
-Loads the page, types a prompt, generates, watches the output grow, stops it (and checks the server stopped
-computing), sees the attention heat map and its labelled caption, sees it cleared when the next run starts, sees a
-bad prompt's message once, a clamped value's note, the layout at phone width, and checks that closing the page
-mid-stream stops the server's generation loop. Saves a screenshot in the test's tmp folder (GPT_SERVE_SCREENSHOT=PATH
-also copies it there).
+Loads the page (nothing empty drawn before a run, a Stop that looks disabled), types a prompt, generates, watches
+the output grow, stops it (and checks the server stopped computing), sees the attention heat maps (drawn without
+scrolling to them, a weight read by hovering a cell) and their labelled caption, sees them cleared when the next
+run starts, sees a bad prompt's message once beside an empty output, a clamped value's note, the ladder comparison
+(aligned columns, its own Stop, the prompt in its status, the main output cleared), the layout at phone width, and
+checks that closing the page mid-stream stops the server's generation loop. Saves a screenshot in the test's tmp
+folder (GPT_SERVE_SCREENSHOT=PATH also copies it there).
 """
 
 from __future__ import annotations
@@ -59,16 +61,24 @@ def seen_texts(page) -> list[str]:
     return page.evaluate("() => [...window.seenTexts]")
 
 
+BACKGROUND = "el => getComputedStyle(el).backgroundColor"
+
+
 def test_generate_stream_stop_and_attention(chromium, server, tmp_path):
     wait_idle(server.activity)
     page = open_demo(chromium, server.url)
     stop = page.locator("#stop-btn")
     assert stop.is_disabled(), "Stop looks active before anything runs"
+    # before a run: no empty picture or tall empty box, and a Stop that looks like a disabled button
+    assert page.locator("#output textarea").bounding_box()["height"] < 150
+    assert page.locator("#attention").bounding_box()["height"] < 40
+    disabled_look = stop.evaluate(BACKGROUND)
+    assert disabled_look != page.locator("#generate-btn").evaluate(BACKGROUND)
     record_texts(page, "stats", "status", "attention-caption")
     start_generation(page, "ROMEO:", 20_000)
 
     assert wait_until(lambda: output_length(page) > len("ROMEO:") + 5, timeout=15), "no output appeared"
-    assert stop.is_enabled()
+    assert stop.is_enabled() and stop.evaluate(BACKGROUND) != disabled_look
     lengths = [output_length(page)]
     for _ in range(3):
         time.sleep(0.3)
@@ -90,17 +100,25 @@ def test_generate_stream_stop_and_attention(chromium, server, tmp_path):
     assert page.locator(".error").count() == 0, "an output shows an error state"
     assert wait_until(stop.is_disabled, timeout=5), "Stop stays active after the run"
 
-    heatmap = page.locator("#attention img")
-    heatmap.wait_for(state="visible")
-    assert wait_until(lambda: heatmap.evaluate("img => img.complete && img.naturalWidth > 0"), timeout=10)
+    heatmap = page.locator("#attention .attn-view")
+    heatmap.wait_for(state="visible")  # drawn where it is, not scrolled to: nothing loads lazily
+    assert page.locator("#attention .attn-head").count() == 4 and page.locator("#attention button").count() == 0
+    cell = page.locator("#attention .attn-grid").nth(2).locator("i").nth(4)  # head 2: query 2 "M", key 1 "O"
+    assert cell.bounding_box()["width"] >= 8
+    cell.hover()
+    readout = page.locator("#attention .attn-readout")
+    assert re.fullmatch(r"head 2 · query 2 “M” → key 1 “O”: weight [01]?\.\d{3}", readout.inner_text()), (
+        readout.inner_text()
+    )
+    assert readout.inner_text().endswith(cell.get_attribute("title"))
     caption = page.locator("#attention-caption")
     # the characters drawn on the axes, as the caption names them
     assert wait_until(lambda: "Layer 0 (of layers 0–1) · heads 0–3" in caption.inner_text(), timeout=5)
     assert "the last 6 prompt characters on both axes: ROMEO: (query ↓, key →)" in caption.inner_text()
-    before = heatmap.get_attribute("src")
+    before = heatmap.inner_html()
     page.locator("#layer label", has_text="layer 1").click()
     assert wait_until(lambda: "Layer 1 (of layers 0–1)" in caption.inner_text(), timeout=5)
-    assert wait_until(lambda: heatmap.get_attribute("src") != before, timeout=5)
+    assert wait_until(lambda: heatmap.inner_html() != before, timeout=5)
     leaked = [text for text in seen_texts(page) if TIMER.search(text)]
     assert not leaked, f"progress text in the stats, status or caption: {leaked}"
 
@@ -120,8 +138,10 @@ def test_generate_stream_stop_and_attention(chromium, server, tmp_path):
     page.close()
 
 
-def test_bad_prompt_shows_a_clear_message_once(chromium, server):
+def test_bad_prompt_shows_a_clear_message_once_beside_an_empty_output(chromium, server):
     page = open_demo(chromium, server.url)
+    start_generation(page, "ROMEO:", 50)
+    assert wait_until(lambda: page.locator("#status").inner_text() == "Done.", timeout=15)
     start_generation(page, "ROMEO: ¿qué?", 50)
     status = page.locator("#status")
     assert wait_until(lambda: "outside this model's vocabulary" in status.inner_text(), timeout=10)
@@ -130,6 +150,7 @@ def test_bad_prompt_shows_a_clear_message_once(chromium, server):
     assert wait_until(page.locator("#stop-btn").is_disabled, timeout=5)
     time.sleep(0.5)  # the attention step has run: it adds nothing
     assert page.locator("#attention-caption").inner_text() == "" and page.locator(".toast-item").count() == 0
+    assert output_length(page) == 0 and page.locator("#attention .attn-view").count() == 0  # no earlier run shown
     page.close()
 
 
@@ -146,15 +167,66 @@ def test_a_clamped_value_gets_a_note(chromium, server):
     page.close()
 
 
-def test_at_phone_width_the_prompt_and_output_come_before_the_settings(chromium, server):
+def test_at_phone_width_a_short_page_the_prompt_and_output_first(chromium, server, tmp_path):
     page = open_demo(chromium, server.url, width=390)
 
     def top(selector: str) -> float:
         return page.locator(selector).bounding_box()["y"]
 
-    assert top("#prompt") < top("#generate-btn") < top("#output") < top("#max-new-tokens") < top("#attention")
+    assert top("#prompt") < top("#generate-btn") < top("#output") < top("#model") < top("#attention")
+    assert top("#prompt") < 844 / 3  # the intro is short: the prompt is in the first third of the screen
+    assert top("#generate-btn") == top("#stop-btn")  # side by side
+    assert not page.locator("#max-new-tokens").is_visible()  # the settings start folded
+    start_generation_folded(page, "ROMEO:")
+    page.locator("#attention .attn-view").wait_for()
+    heads = [page.locator("#attention .attn-head").nth(i).bounding_box() for i in range(2)]
+    assert heads[0]["width"] > 220 and heads[0]["y"] == heads[1]["y"]  # wide maps, side by side, scrolled sideways
+    assert page.locator("#attention button").count() == 0  # no image buttons over the maps
+    height = page.evaluate("document.documentElement.scrollHeight")
+    page.screenshot(path=str(tmp_path / "phone.png"), full_page=True)
+    assert height < 2000, f"the page is {height} px tall at phone width"
     page.get_by_text("Compare the ladder: what each lesson component buys").click()
-    assert "tiny: 2 layers × 4 heads" in page.locator("#compare-tiny").inner_text()  # the default model's column
+    assert "tiny" in page.locator("#compare-tiny").inner_text()  # the default model's column
+    page.close()
+
+
+def start_generation_folded(page, prompt: str) -> None:
+    """Generates the default number of tokens (the settings folded, as on a phone) and waits for the end."""
+    page.locator("#prompt textarea").fill(prompt)
+    page.locator("#generate-btn").click()
+    assert wait_until(lambda: page.locator("#status").inner_text() == "Done.", timeout=15)
+
+
+def test_the_ladder_comparison(chromium, server):
+    """Aligned columns, its own Stop, the prompt in its status, and the main output and attention view not left
+    showing the run before."""
+    wait_idle(server.activity)
+    page = open_demo(chromium, server.url, width=1440)
+    start_generation(page, "ROMEO:", 30)
+    assert wait_until(lambda: page.locator("#status").inner_text() == "Done.", timeout=15)
+    page.locator("#attention .attn-view").wait_for()
+    page.get_by_text("Compare the ladder: what each lesson component buys").click()
+    boxes = page.locator(".ladder textarea")
+    boxes.first.wait_for()
+    assert len({round(boxes.nth(i).bounding_box()["y"]) for i in range(boxes.count())}) == 1  # one height
+    compare_stop = page.locator("#compare-stop-btn")
+    assert (
+        compare_stop.is_disabled()
+        and abs(compare_stop.bounding_box()["y"] - page.locator("#compare-btn").bounding_box()["y"]) < 2
+    )
+    page.locator("#prompt textarea").fill("JULIET:")
+    page.locator("#max-new-tokens input[type=number]").fill("20000")
+    page.locator("#max-new-tokens input[type=number]").press("Enter")
+    page.locator("#compare-btn").click()
+    status = page.locator("#compare-status")
+    assert wait_until(lambda: status.inner_text().startswith("Running the prompt JULIET: (seed "), timeout=15)
+    assert output_length(page) == 0 and page.locator("#attention .attn-view").count() == 0  # the previous run's: gone
+    assert compare_stop.is_enabled() and page.locator("#stop-btn").is_disabled()
+    compare_stop.click()
+    assert wait_until(lambda: status.inner_text().startswith("Stopped: the prompt JULIET: (seed "), timeout=10)
+    assert wait_until(compare_stop.is_disabled, timeout=5)
+    assert wait_until(lambda: "on both axes: JULIET:" in page.locator("#attention-caption").inner_text(), timeout=10)
+    assert wait_until(lambda: server.activity.snapshot()["active"] == 0, timeout=2)
     page.close()
 
 

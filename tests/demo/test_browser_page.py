@@ -31,8 +31,9 @@ def test_the_page_the_ort_files_and_the_model_files_are_served(server, models_ro
         status, kind, body = get(f"{server.url}/browser/{name}")
         assert status == 200 and kind.startswith("text/javascript"), name  # a module script needs a JS type
         assert body == (WEB_DIR / name).read_bytes()
-    status, kind, body = get(f"{server.url}/browser/limits.json")  # the request specification, for the form
-    assert status == 200 and kind == "application/json" and body == (WEB_DIR / "limits.json").read_bytes()
+    for name in ("limits.json", "form.json"):  # the request specification, and the demo's form
+        status, kind, body = get(f"{server.url}/browser/{name}")
+        assert status == 200 and kind == "application/json" and body == (WEB_DIR / name).read_bytes()
     status, kind, _ = get(f"{server.url}/browser/ort/ort-wasm-simd-threaded.wasm")
     assert status == 200 and kind == "application/wasm"  # what WebAssembly.instantiateStreaming requires
     assert get(f"{server.url}/browser/ort/{ORT_FILES[0]}")[1].startswith("text/javascript")
@@ -100,3 +101,18 @@ def test_a_model_without_the_int8_graph_is_named(tmp_path, models_root):
     assert problem and "onnx/model_quantized.onnx" in problem and "python -m export" in problem
     response = TestClient(app).get("/browser/")
     assert response.status_code == 503 and str(folder) in response.text
+
+
+def test_the_pages_form_is_the_demos():
+    """demo/web/form.json is `form_json()`, written by
+    `python -c "from demo.form import form_json; print(form_json(), end='')" > demo/web/form.json`; its defaults
+    are requests the specification accepts, and its choices are the specification's."""
+    from demo.form import FORM, form_json
+    from gpt_serve.generation.spec import FIELDS_BY_NAME, parse_request
+
+    assert (WEB_DIR / "form.json").read_text(encoding="utf-8") == form_json(), "regenerate demo/web/form.json"
+    request = parse_request({name: field["default"] for name, field in FORM.items()})
+    assert request.max_new_tokens == FORM["max_new_tokens"]["default"] and request.seed_was_random  # seed -1
+    for name, field in FORM.items():
+        if "choices" in field:
+            assert sorted(value for _, value in field["choices"]) == sorted(FIELDS_BY_NAME[name].choices), name

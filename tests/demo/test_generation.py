@@ -197,11 +197,11 @@ def test_bad_input_gets_a_clear_error(handlers, bad, message):
         list(handlers.generate(**kwargs))
     assert message in api_error.value.message
     # the UI shows the same message once, in its status line (no toast: gr.Warning outside a request would be a
-    # Python warning, an error here), and keeps the previous output
+    # Python warning, an error here), beside an empty output: no earlier run's text stays beside it
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         updates = list(handlers.ui_generate(None, None, *form(**bad)))
-    assert updates == [(gr.skip(), "", updates[-1][2])]
+    assert updates == [("", "", updates[-1][2])]
     assert updates[-1][2].startswith("⚠️") and message in updates[-1][2]
 
 
@@ -244,8 +244,8 @@ def test_ui_compare_runs_the_default_model_and_the_ladder(handlers):
     status = updates[-1][-1]  # the last update changes only the status
     assert len(default) == len(a) == len(b) == 12
     assert all("'ladder-" in t and "is not available" in t for t in (c, d, e))
-    assert running == "Running…: prompt `JULIET:↵O Romeo` · seed 5 · the same settings in every column."
-    assert status == "Done: prompt `JULIET:↵O Romeo` · seed 5 · the same settings in every column."
+    assert running == "Running the prompt `JULIET:↵O Romeo` (seed 5) through every column…"
+    assert status == "Done: the prompt `JULIET:↵O Romeo` (seed 5), the same settings in every column."
 
 
 def test_backends_load_once_and_are_shared(models_root):
@@ -291,17 +291,21 @@ def test_a_run_stopped_before_it_starts_generates_nothing(handlers):
 def test_stop_ends_the_ladder_comparison(handlers):
     handlers.ui_stop("", "compare-ticket")
     final = list(handlers.ui_compare(None, "compare-ticket", *form(max_new_tokens=100, seed=5)))[-1]
-    assert final[-1].startswith("Stopped: prompt `ROMEO:` · seed 5")
+    assert final[-1] == "Stopped: the prompt `ROMEO:` (seed 5), the same settings in every column."
 
 
 def test_model_info_and_column_labels_show_the_validation_loss(registry):
-    from demo.captions import ladder_label, model_line
+    from demo.captions import ladder_label, ladder_legend, model_line
 
     assert registry.info("ladder-a") == dict(block_size=8, n_embd=32, n_head=4, n_layer=1, vocab_size=65, val_loss=3.25)
     assert registry.info("tiny")["val_loss"] is None
-    assert ladder_label("ladder-a", registry) == "A: one self-attention head · val loss 3.25"
-    assert ladder_label("ladder-c", registry) == "C: + feed-forward Linear -> ReLU after attention (not available)"
-    assert ladder_label("tiny", registry) == "tiny: 2 layers × 4 heads"  # the default model's column
+    assert ladder_label("ladder-a", registry) == "A · val loss 3.25"  # short: every column's label is one line
+    assert ladder_label("ladder-c", registry) == "C (not available)"
+    assert ladder_label("tiny", registry) == "tiny"  # the default model's column
+    assert ladder_legend(["tiny", "ladder-a", "ladder-c"], registry) == (
+        "**tiny** 2 layers × 4 heads · **A** one self-attention head · "
+        "**C** + feed-forward Linear -> ReLU after attention"
+    )
     assert model_line(registry, "ladder-a", "torch") == (
         "`ladder-a`: 1 layer × 4 heads, n_embd 32, block_size 8, validation loss 3.250 · PyTorch ✓"
     )

@@ -6,23 +6,23 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import gradio as gr
-import numpy as np
 import pytest
 
-from demo.attention import label_step
+from demo.attention import VIEW_POSITIONS
 from demo.captions import attention_caption, stats_line
 from demo.generation import GenerationRequest, Progress
 from tests.demo.conftest import form
 
 
 def test_the_attention_view_shows_the_characters_the_model_read(handlers):
-    image, state, layers, caption = handlers.ui_attention("To be,\nor not", "tiny", "error", 1, "Done.")
-    assert image.shape[2] == 4 and image[0, 0, 3] == 0  # RGBA, transparent background
+    view, state, layers, caption = handlers.ui_attention("To be,\nor not", "tiny", "error", 1, "Done.")
+    assert view.count('<figure class="attn-head">') == 4 and 'data-n="13" data-start="0"' in view
     assert state[0] == "tiny" and len(state[1]) == 13 and layers.value == 1
     assert caption.startswith("Layer 1 (of layers 0–1) · heads 0–3 · the last 13 prompt characters on both axes:")
     assert "`To·be,↵or·not` (query ↓, key →; ↵ = newline, · = space)" in caption
     again, caption_again = handlers.ui_layer(state, 1)
-    assert caption_again == caption and np.array_equal(again, image)
+    assert caption_again == caption and again == view
+    assert handlers.ui_layer(state, 0)[0] != view
     assert handlers.ui_layer(state, 2) == (gr.skip(), gr.skip())  # tiny has layers 0 and 1 only
 
 
@@ -45,7 +45,11 @@ def test_the_caption_numbers_from_zero_and_counts_correctly():
     assert one.startswith("Layer 0 (the only layer) · head 0 · the last 1 prompt character on both axes: `a` (")
     long = attention_caption(4, 6, 3, "x" * 128)
     assert long.startswith("Layer 3 (of layers 0–3) · heads 0–5 · the last 128 prompt characters")
-    assert f"one character in {label_step(128)} labelled" in long and label_step(128) > 1 and label_step(16) == 1
+    assert (
+        f"the maps show the last {VIEW_POSITIONS}, and their first column (…) sums each row's weight on the 96 keys"
+        in long
+    )
+    assert "the maps show" not in attention_caption(4, 6, 3, "x" * VIEW_POSITIONS)
 
 
 def progress(tokens: int, prompt: str = "ROMEO:", block_size: int = 16) -> Progress:
@@ -74,14 +78,37 @@ def test_a_stream_past_block_size_says_so_in_its_stats(handlers):
     assert "block_size" not in stats
 
 
-def test_stop_is_enabled_only_while_a_run_of_the_page_is_on(handlers):
+def test_each_stop_is_enabled_only_while_its_run_of_the_page_is_on(handlers):
     page = SimpleNamespace(session_hash="page-stop")
-    assert handlers.ui_run_ended(page).interactive is False
+    assert handlers.ui_generate_ended(page).interactive is False
     compare = handlers.ui_compare(page, "compare-run", *form(max_new_tokens=400))
     next(compare)
-    list(handlers.ui_generate(page, "generate-run", *form(max_new_tokens=5)))
-    assert handlers.ui_run_ended(page).interactive is True  # generate ended, the comparison is still on
-    assert handlers.ui_run_ended(SimpleNamespace(session_hash="another-page")).interactive is False
+    generate = handlers.ui_generate(page, "generate-run", *form(max_new_tokens=400))
+    next(generate)
+    assert handlers.ui_generate_ended(page).interactive is True and handlers.ui_compare_ended(page).interactive is True
+    list(generate)
+    assert handlers.ui_generate_ended(page).interactive is False  # generate ended: its Stop is off
+    assert handlers.ui_compare_ended(page).interactive is True  # the comparison is still on
+    assert handlers.ui_compare_ended(SimpleNamespace(session_hash="another-page")).interactive is False
     compare.close()
-    assert handlers.ui_run_ended(page).interactive is False
-    assert handlers.ui_run_ended(None).interactive is False
+    assert handlers.ui_compare_ended(page).interactive is False
+    assert handlers.ui_generate_ended(None).interactive is False
+
+
+def test_each_stop_stops_its_own_run_only(handlers):
+    page = SimpleNamespace(session_hash="page-two-stops")
+    compare = handlers.ui_compare(page, "c-run", *form(max_new_tokens=400))
+    generate = handlers.ui_generate(page, "g-run", *form(max_new_tokens=400))
+    next(compare), next(generate)
+    handlers.ui_stop("", "c-other", page=page)  # the comparison's Stop (its ticket box since overwritten)
+    assert list(compare)[-1][-1].startswith("Stopped: the prompt")
+    assert next(generate)[2] == "Generating…"  # Generate's run goes on
+    handlers.ui_stop("g-run", "", page=page)
+    assert list(generate)[-1][2] == "Stopped."
+
+
+def test_an_error_empties_the_outputs_beside_it(handlers):
+    """No text of an earlier run stays beside an error: the output and every comparison column are emptied."""
+    assert list(handlers.ui_generate(None, None, *form(prompt="é")))[-1][:2] == ("", "")
+    *columns, status = list(handlers.ui_compare(None, None, *form(temperature=5)))[-1]
+    assert status.startswith("⚠️") and columns == [""] * len(handlers.compared)

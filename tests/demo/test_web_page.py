@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from demo.browser import ORT_DIST, PAGE_FILES, WEB_DIR, browser_files, missing_files
+from demo.form import FORM
 from gpt_serve.generation import SamplingParams, generate_tokens
 from gpt_serve.generation.onnx_backend import OnnxBackend
 from gpt_serve.generation.sampling import GREEDY_BELOW, draw, probabilities
@@ -216,22 +217,31 @@ def form_texts(page) -> dict[str, str]:
             top_p: document.getElementById("top-p").value,
             seed: document.getElementById("seed").value,
             window_mode: document.querySelector("input[name=window-mode]:checked").value,
-            unk_policy: document.getElementById("unk-policy").value,
+            unk_policy: document.querySelector("input[name=unk-policy]:checked").value,
         })"""
     )
 
 
-def test_the_form_starts_from_the_specifications_defaults(chromium, site):
+def test_the_form_asks_what_the_demo_asks_with_its_defaults(chromium, site):
+    """The same fields as the Gradio demo's form, with its labels, choices (in its order) and defaults; the window
+    mode starts on the fast one, refill."""
     page = open_page(chromium, f"{site}/page/")
     texts = form_texts(page)
+    labels = page.evaluate(
+        "() => [...document.querySelectorAll('[data-field]')].map(e => [e.dataset.field, e.innerText])"
+    )
+    choices = {
+        name: page.locator(f"#{name.replace('_', '-')} label").all_inner_texts()
+        for name in ("window_mode", "unk_policy")
+    }
     page.close()
-    assert texts == PAGE_FORM
+    assert texts == PAGE_FORM and texts["window_mode"] == "refill"
+    assert dict(labels) == {name: field["label"] for name, field in FORM.items()}
+    assert choices == {name: [label for label, _ in FORM[name]["choices"]] for name in choices}
     shown = {
-        name: "" if f.default is None else f"{f.default:g}" if f.kind != "choice" else f.default
-        for name, f in FIELDS_BY_NAME.items()
-        if name in texts and name != "prompt"  # the prompt: the page's example
-    }  # a null seed is an empty (random) one
-    assert shown == {name: text for name, text in texts.items() if name != "prompt"}
+        name: f"{f['default']:g}" if isinstance(f["default"], float | int) else f["default"] for name, f in FORM.items()
+    }
+    assert shown == texts
 
 
 @pytest.mark.parametrize(
@@ -278,7 +288,7 @@ def run_form(page, **texts) -> None:
     for field, text in texts.items():
         page.locator(f"#{field.replace('_', '-')}").fill(text)
     if policy:
-        page.locator("#unk-policy").select_option(policy)
+        page.locator(f"input[name=unk-policy][value={policy}]").check()
     page.locator("#generate-btn").click()
     assert wait_until(lambda: page.locator("#status.done").count() == 1, timeout=15), page.locator(
         "#status"
@@ -330,9 +340,40 @@ def test_the_demo_serves_the_page_on_its_default_model(chromium, server):
     page.locator("#model-status.done").wait_for()
     assert "block_size 16" in page.locator("#model-status").inner_text()
     got = page_generate(page, prompt=PROMPT, maxNewTokens=40, temperature=0, windowMode="refill")
+    page.locator("#back-link").click()  # and back to the demo
+    page.locator("#prompt textarea").wait_for()
+    assert page.url.rstrip("/") == server.url
     page.close()
     backend = page_arithmetic(server.demo.registry.folder("tiny"))["int8"]
     assert got["ids"] == python_greedy(backend, "refill", 40)
+
+
+STYLE = """selector => { const s = getComputedStyle(document.querySelector(selector));
+  return {background: s.backgroundColor, color: s.color, radius: s.borderRadius, width: s.width}; }"""
+
+
+@pytest.mark.parametrize("width", [1440, 390])
+def test_the_page_is_styled_like_the_demo_at_desktop_and_phone_widths(chromium, site, width, tmp_path):
+    """Styled inputs of a readable size in an even grid, an orange Generate, a Stop that looks disabled until a run
+    is on, nothing wider than the screen; a screenshot in the test's tmp folder."""
+    page = open_page(chromium, f"{site}/page/")
+    page.set_viewport_size({"width": width, "height": 900})
+    boxes = [page.locator(f"#{i}").bounding_box() for i in ("max-new-tokens", "temperature", "top-k", "top-p")]
+    assert all(box["height"] >= 30 and box["width"] >= 120 for box in boxes), boxes  # not the tiny defaults
+    assert boxes[0]["y"] == boxes[1]["y"] and boxes[2]["y"] == boxes[3]["y"] > boxes[0]["y"]  # two by two
+    assert boxes[0]["width"] == boxes[1]["width"] == boxes[2]["width"] == boxes[3]["width"]  # an even grid
+    assert page.evaluate("document.documentElement.scrollWidth") <= width  # no sideways scrolling
+    generate, stop = page.evaluate(STYLE, "#generate-btn"), page.evaluate(STYLE, "#stop-btn")
+    assert generate["background"] == "rgb(249, 115, 22)" and generate["radius"] == "8px"  # Gradio's orange
+    assert stop["radius"] == "8px" and stop["color"] != "rgb(255, 255, 255)"  # disabled: grey, not a red button
+    page.locator("#max-new-tokens").fill("20000")
+    page.locator("#generate-btn").click()
+    assert wait_until(lambda: page.locator("#stop-btn").is_enabled(), timeout=10)
+    assert page.evaluate(STYLE, "#stop-btn")["background"] == "rgb(239, 68, 68)"  # enabled: red
+    page.screenshot(path=str(tmp_path / f"browser-{width}.png"), full_page=True)
+    page.locator("#stop-btn").click()
+    assert wait_until(lambda: page.locator("#status").inner_text() == "Stopped.", timeout=5)
+    page.close()
 
 
 @pytest.mark.parametrize(
@@ -340,6 +381,7 @@ def test_the_demo_serves_the_page_on_its_default_model(chromium, server):
     [
         ("ort", "onnxruntime-web is missing"),  # and how to install it: `npm ci`
         ("limits.json", "The page's request limits could not be loaded"),
+        ("form.json", "The page's form could not be loaded"),
     ],
 )
 def test_the_page_says_what_is_wrong_when_a_file_is_missing(chromium, tmp_path, missing, message):
