@@ -51,7 +51,7 @@ EXTRAS = {"train": "train", "ladder": "train", "export": "export", "demo": "demo
 def quiet_model_loading(show: bool = False) -> None:
     """No "Loading weights" progress bar from transformers in the commands' output, unless `show` (`--progress`,
     `--verbose`) or `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment (which `show` sets, so that the library's
-    own quiet loading, `generation.loading.quiet_weight_loading`, keeps the bar too)."""
+    own quiet loading, `modeling_chargpt.quiet_weight_loading`, keeps the bar too)."""
     if show:
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "0"
         return
@@ -388,6 +388,7 @@ def _copy_parser(sub) -> None:
     c.add_argument("model", help="shipped model name or model folder")
     c.add_argument("out", help="the folder to write (must not exist, unless --force)")
     c.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    add_progress_argument(c)
     c.set_defaults(func=_copy)
 
 

@@ -75,6 +75,10 @@ class CharGPTConfig(PretrainedConfig):
             Epsilon of every LayerNorm.
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether `forward` returns a KV cache (in eval mode) for incremental decoding.
+        bos_token_id, eos_token_id, pad_token_id (`int`, *optional*):
+            Special token ids, None here: the character vocabulary has no begin or end of text (generation stops on
+            length or a stop string), and the tokenizer's `<pad>` (id `vocab_size`) has no embedding row: padded
+            positions are masked (`generation_config.json` names it as the pad id for `generate()`).
         vocab_sha256 (`str`, *optional*):
             The hash (`CharVocab.sha256`) of the vocabulary the model was trained with. Training records it;
             `gpt_serve.generation.load_backend` refuses a folder whose `vocab.json` hashes differently (two
@@ -115,6 +119,9 @@ class CharGPTConfig(PretrainedConfig):
         layer_norm_eps: float = 1e-5,
         use_cache: bool = True,
         vocab_sha256: str | None = None,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        pad_token_id: int | None = None,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -139,6 +146,7 @@ class CharGPTConfig(PretrainedConfig):
         self.layer_norm_eps = layer_norm_eps
         self.use_cache = use_cache
         self.vocab_sha256 = vocab_sha256
+        self.bos_token_id, self.eos_token_id, self.pad_token_id = bos_token_id, eos_token_id, pad_token_id
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
         self._validate()

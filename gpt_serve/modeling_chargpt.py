@@ -22,6 +22,9 @@ output capture (`output_hidden_states`, `output_attentions`), `generate()` that 
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,6 +35,8 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, slice_logits_to_keep
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
@@ -172,6 +177,23 @@ def upgrade_state_dict(state: dict) -> dict:
     return {("model." + k if k.startswith(OLD_LAYOUT_KEYS) else k): v for k, v in state.items()}
 
 
+@contextlib.contextmanager
+def quiet_weight_loading():
+    """transformers' "Loading weights" progress bar off while the block runs (on again after it, if it was), so that
+    loading a model prints nothing; `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment keeps it (what the commands'
+    `--progress` sets)."""
+    from transformers.utils import logging as transformers_logging
+
+    was_on = transformers_logging.is_progress_bar_enabled()
+    if was_on and os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") != "0":
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            transformers_logging.enable_progress_bar()
+
+
 class CharGPTPreTrainedModel(PreTrainedModel):
     config_class = CharGPTConfig
     base_model_prefix = "model"
@@ -207,11 +229,13 @@ class CharGPTPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """transformers' `from_pretrained`; a causal LM folder saved before the body/head split (its body's tensors at
-        the top level: `blocks.0...`) loads through a key mapping onto `model.`."""
+        """transformers' `from_pretrained`, quietly (`quiet_weight_loading`); a causal LM folder saved before the
+        body/head split (its body's tensors at the top level: `blocks.0...`) loads through a key mapping onto
+        `model.`."""
         if cls is not CharGPTModel and kwargs.get("key_mapping") is None:
             kwargs["key_mapping"] = OLD_LAYOUT_MAPPING
-        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        with quiet_weight_loading():
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
 
 class CharGPTModel(CharGPTPreTrainedModel):
@@ -244,7 +268,7 @@ class CharGPTModel(CharGPTPreTrainedModel):
         cache: Cache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPast:
         r"""
         Args:
@@ -301,8 +325,10 @@ class CharGPTModel(CharGPTPreTrainedModel):
 
         if input_ids is not None:
             if padding_mask is not None:
-                # Padding may hold the tokenizer's pad id, which has no embedding row: embed id 0 there instead.
-                input_ids = input_ids.masked_fill(padding_mask[:, -T:] == 0, 0)
+                # Padding may hold the tokenizer's pad id, which has no embedding row: embed id 0 there instead (an
+                # id of the vocabulary stays, so `inputs_embeds` of the same ids give the same numbers).
+                outside = (input_ids < 0) | (input_ids >= self.config.vocab_size)
+                input_ids = input_ids.masked_fill((padding_mask[:, -T:] == 0) & outside, 0)
             if checking:
                 self._check_ids(input_ids)
             inputs_embeds = self.token_embedding_table(input_ids)  # (B, T, C)
@@ -403,7 +429,7 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> CausalLMOutputWithPast:
         r"""
         The arguments of `CharGPTModel.forward`, and:
@@ -504,6 +530,11 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
 # save_pretrained copies this file (and what it imports relatively) into the folder and writes `auto_map`.
 CharGPTModel.register_for_auto_class("AutoModel")
 CharGPTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+
+if __package__ == "gpt_serve":  # as the package's module (not a folder's copy): "chargpt" for the Auto classes
+    from . import register_auto_classes
+
+    register_auto_classes()
 
 __all__ = [
     "CharGPTForCausalLM",

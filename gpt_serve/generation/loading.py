@@ -22,7 +22,6 @@ torch is imported only for the `torch` backend: the ONNX Runtime path needs nump
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -161,8 +160,7 @@ def _torch_backend(folder: Path, threads: int | None):
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        with quiet_weight_loading():
-            model, info = CharGPTForCausalLM.from_pretrained(folder, use_safetensors=True, output_loading_info=True)
+        model, info = CharGPTForCausalLM.from_pretrained(folder, use_safetensors=True, output_loading_info=True)
     except (OSError, RuntimeError, ValueError) as e:  # SafetensorError is an Exception: caught below
         raise ValueError(f"cannot load the weights in {weights}: {type(e).__name__}: {str(e)[:300]}") from None
     except Exception as e:
@@ -175,23 +173,6 @@ def _torch_backend(folder: Path, threads: int | None):
         raise ValueError(f"{weights} does not hold this model's weights ({shown})")
     check_finite_weights(model, weights)
     return TorchBackend(model)
-
-
-@contextlib.contextmanager
-def quiet_weight_loading():
-    """transformers' "Loading weights" progress bar off while the block runs (on again after it, if it was), so that
-    loading a model prints nothing; `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment keeps it (what the commands'
-    `--progress` sets)."""
-    from transformers.utils import logging as transformers_logging
-
-    was_on = transformers_logging.is_progress_bar_enabled()
-    if was_on and os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") != "0":
-        transformers_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            transformers_logging.enable_progress_bar()
 
 
 def check_finite_weights(model, weights: Path) -> None:

@@ -26,7 +26,7 @@ from demo.form import FORM
 from gpt_serve.generation import SamplingParams, generate_tokens
 from gpt_serve.generation.onnx_backend import OnnxBackend
 from gpt_serve.generation.sampling import GREEDY_BELOW, draw, probabilities
-from gpt_serve.generation.spec import FIELDS_BY_NAME, RequestError
+from gpt_serve.generation.spec import RequestError
 from gpt_serve.models import model_path
 from gpt_serve.vocab import CharVocab
 from tests.demo.conftest import PAGE_FORM, python_reads_form, wait_until
