@@ -20,8 +20,6 @@ output capture (`output_hidden_states`, `output_attentions`), `generate()` that 
 `trust_remote_code=True`, so they import nothing else of gpt_serve.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 
