@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .api_limits import BODY_TIMEOUT, MAX_BODY_BYTES, ServerLimits
 from .generation.loading import check_backend_key
 from .generation.registry import ModelRegistry
 from .generation.spec import MAX_NEW_TOKENS
@@ -54,6 +55,8 @@ class RayServeOptions(BaseModel):
     max_tokens_limit: int = Field(
         MAX_NEW_TOKENS, ge=1, le=MAX_NEW_TOKENS, description="the largest max_tokens accepted"
     )
+    max_body_bytes: int = Field(MAX_BODY_BYTES, ge=1, description="the largest request body accepted (413 past it)")
+    body_timeout: float = Field(BODY_TIMEOUT, gt=0, description="seconds a request body may take to arrive (408)")
     preload: bool = Field(True, description="each replica loads and warms up the default model for `backend` first")
     api_key: str | None = Field(None, description="every route but /health needs 'Authorization: Bearer <key>'")
     metrics_need_key: bool = Field(False, description="/metrics needs the API key too")
@@ -100,9 +103,11 @@ def replica_app(options: RayServeOptions, replica_id: str) -> FastAPI:
     access = dict(
         api_key=options.api_key, metrics_need_key=options.metrics_need_key, allow_origins=options.allow_origins
     )
+    limits = ServerLimits(max_body_bytes=options.max_body_bytes, body_timeout=options.body_timeout)
     return create_app(
-        registry, replica_id=replica_id, default_backend=options.backend, max_tokens_limit=limit, **access
-    )
+        registry, replica_id=replica_id, default_backend=options.backend, max_tokens_limit=limit, limits=limits,
+        **access,
+    )  # fmt: skip
 
 
 def application(options: RayServeOptions) -> Application:
