@@ -288,6 +288,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_ray(args: argparse.Namespace) -> int:
     from .models import MODELS_DIR
 
+    not_with_ray = [f for f in ("--header-timeout", "--shutdown-timeout") if hasattr(args, LIMIT_FLAGS[f][0])]
+    if not_with_ray:  # Ray's proxy holds the connections, and the replicas' shutdown is Ray's
+        raise ValueError(f"not with --ray: {', '.join(not_with_ray)}")
     try:
         from .ray_serve import RayServeOptions, require_ray, serving
 
@@ -295,9 +298,6 @@ def _serve_ray(args: argparse.Namespace) -> int:
     except ImportError as e:
         print(f"gpt-serve serve --ray: cannot import {e.name or e}; pip install 'gpt-serve[ray]'", file=sys.stderr)
         return 2
-    not_with_ray = [f for f in ("--header-timeout", "--shutdown-timeout") if hasattr(args, LIMIT_FLAGS[f][0])]
-    if not_with_ray:  # Ray's proxy holds the connections, and the replicas' shutdown is Ray's
-        raise ValueError(f"not with --ray: {', '.join(not_with_ray)}")
     limits = server_limits(args)
     options = RayServeOptions(
         replicas=args.replicas or 1,

@@ -153,6 +153,8 @@ def serving(
     ray, serve = require_ray()
     local = address is None
     if local:
+        if _is_loopback(host):
+            _keep_ray_on_loopback(ray)
         ray.init(address="local", include_dashboard=False)
     else:
         ray.init(address=address)
@@ -172,6 +174,30 @@ def serving(
         else:
             serve.delete(APP_NAME)
         ray.shutdown()
+
+
+LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _keep_ray_on_loopback(ray) -> None:
+    """Makes a local Ray instance bind its own services to 127.0.0.1 (its GCS, raylet, workers' and agents' gRPC and
+    metrics ports), as Serve's proxy is for `--host 127.0.0.1`. Ray 2.60 binds each to every interface unless the
+    node's address is the loopback one, and it takes the loopback as the node's address only where its clusters are
+    off (its default on macOS and Windows): `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read by the processes Ray starts
+    (they inherit the environment) and, at its import, by this one (hence the constant too)."""
+    import os
+
+    os.environ[LOOPBACK_ONLY_ENV] = "0"
+    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _root_url(serve, asked: str) -> str:
