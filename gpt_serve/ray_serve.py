@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +118,8 @@ def application(options: RayServeOptions) -> Application:
     def build_replica_app() -> FastAPI:  # Ray runs this in each replica as it starts: only `options` travels
         from ray import serve
 
+        if os.environ.get(LOOPBACK_ONLY_ENV) == "0":
+            _replica_grpc_on_loopback()
         return replica_app(options, serve.get_replica_context().replica_tag)
 
     deployment = serve.deployment(
@@ -194,10 +197,18 @@ def _keep_ray_on_loopback(ray) -> None:
     node's address is the loopback one, and it takes the loopback as the node's address only where its clusters are
     off (its default on macOS and Windows): `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read by the processes Ray starts
     (they inherit the environment) and, at its import, by this one (hence the constant too)."""
-    import os
-
     os.environ[LOOPBACK_ONLY_ENV] = "0"
     ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def _replica_grpc_on_loopback() -> None:
+    """In a replica of a loopback-only instance (`_keep_ray_on_loopback`): Ray Serve 2.60 starts each replica's
+    inter-deployment gRPC server on `[::]:0`, every interface, with no option; this binds it to 127.0.0.1, the
+    node's address. (Called as the replica builds its app, before Serve starts that server.)"""
+    from ray.serve._private import replica
+
+    bind = replica.add_port_to_grpc_server
+    replica.add_port_to_grpc_server = lambda server, address: bind(server, address.replace("[::]", "127.0.0.1"))
 
 
 def _root_url(serve, asked: str) -> str:
