@@ -16,10 +16,10 @@ request, named; 401 without the API key; 404 an unknown model or route; 405; 429
 a model that cannot be served here; 422 `model_error` when the model computes NaN or infinite logits, which are
 never sampled: that request ends, the others go on; a stream then ends with an `error` event and `[DONE]`;
 413/408 for a body over the limit or too slow, `gpt_serve.api_limits`, whose `BodyLimits` `create_app` adds and the
-demo adds too; 503 once the server is shutting down). Every
-choice is a `TextStream` on the model's `Scheduler`, as on every other surface; a client that disconnects frees its
-rows. `max_tokens_limit` lowers the specification's limit of max_tokens. With `api_key`, every route but /health
-(and /metrics unless `metrics_need_key`) needs `Authorization: Bearer <key>`, compared in constant time.
+demo adds too; 503 once the server is shutting down). Every choice is a `TextStream` on the model's `Scheduler`, as
+on every other surface; a client that disconnects frees its rows, whether it streams or not. `max_tokens_limit`
+lowers the specification's limit of max_tokens. With `api_key`, every route but /health (and /metrics unless
+`metrics_need_key`) needs `Authorization: Bearer <key>`, compared in constant time.
 
     app = create_app(ModelRegistry.discover(), api_key="s3cret", allow_origins=["https://example.org"])
     demo_app.include_router(create_router(registry, api_key=...))    # beside the Gradio demo, in the same process
