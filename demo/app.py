@@ -28,6 +28,7 @@ from types import SimpleNamespace
 import gradio as gr
 from starlette.middleware import Middleware
 
+from gpt_serve.api_limits import BodyLimits, ServerLimits
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.registry import ModelRegistry
 
@@ -36,7 +37,6 @@ from .captions import PENDING_CAPTION, ladder_label, ladder_legend, range_note_j
 from .form import FORM
 from .generation import Activity, Limits
 from .handlers import FIELDS, DemoHandlers
-from .limits import MAX_BODY_BYTES, BodySizeLimit
 
 EXAMPLES = [
     ["ROMEO:"],
@@ -58,19 +58,18 @@ STOP_GENERATE_JS = '(generate, compare) => [generate, ""]'
 STOP_COMPARE_JS = '(generate, compare) => ["", compare]'
 
 
-# What the server accepts and keeps for clients, bounded (every client can reach every event): request bodies up to
-# 256 kB (`demo.limits`); no file input exists, so an upload is refused past a few kB; Gradio keeps about 1 MB per
-# page session (a copy of the page's config), so at most 64 sessions are kept, the oldest evicted first (an evicted
-# page keeps working; its attention view's layer selector forgets the last prompt).
-def launch_options() -> dict:
+# What the server accepts and keeps for clients, bounded (every client can reach every event): request bodies as on
+# `gpt-serve serve` (`gpt_serve.api_limits`: 1 MiB, whole within 30 s, by default); no file input exists, so an
+# upload is refused past a few kB; Gradio keeps about 1 MB per page session (a copy of the page's config), so at most
+# 64 sessions are kept, the oldest evicted first (an evicted page keeps working; its attention view's layer selector
+# forgets the last prompt).
+def launch_options(limits: ServerLimits | None = None) -> dict:
     """`Blocks.launch` arguments: the page's CSS and script, and the limits above (a fresh dict each time: Gradio
     adds to its `app_kwargs`)."""
+    limits = limits or ServerLimits()
+    body = Middleware(BodyLimits, max_bytes=limits.max_body_bytes, timeout=limits.body_timeout)
     return dict(
-        css=CSS,
-        js=ON_LOAD_JS,
-        max_file_size="16kb",
-        state_session_capacity=64,
-        app_kwargs={"middleware": [Middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)]},
+        css=CSS, js=ON_LOAD_JS, max_file_size="16kb", state_session_capacity=64, app_kwargs={"middleware": [body]}
     )
 
 
@@ -369,12 +368,12 @@ def _explain_bad_inputs(demo: gr.Blocks) -> None:
 
 
 def _validate_inputs(block_fn, inputs: list) -> None:
-    """Replaces Gradio's check of an event's input values (its ValueError reaches a client as `{"error": null}`):
-    too few values, or a list or dict (a file-shaped value, say) where every input of this demo takes text or a
-    number, get a `gr.Error` that names the event and what it takes."""
+    """Replaces Gradio's check of an event's input values (its ValueError reaches a client as `{"error": null}`, and
+    it lets extra values through unread): too few or too many values, or a list or dict (a file-shaped value, say)
+    where every input of this demo takes text or a number, get a `gr.Error` that names the event and what it takes."""
     names = [getattr(block, "label", None) or type(block).__name__ for block in block_fn.inputs]
     event = block_fn.api_name or block_fn.name
-    if len(inputs) < len(block_fn.inputs):
+    if len(inputs) != len(block_fn.inputs):
         raise gr.Error(
             f"{event} takes {len(block_fn.inputs)} values ({', '.join(map(str, names))}), got {len(inputs)}",
             print_exception=False,

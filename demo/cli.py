@@ -16,30 +16,28 @@ import argparse
 import importlib.util
 import logging
 import os
+import signal
 import sys
 import time
 
 from gpt_serve.cli import (
     add_api_arguments,
+    add_limit_arguments,
     add_progress_argument,
     api_options,
     check_port_free,
+    interrupt,
     max_tokens_limit,
     non_negative_float,
     positive_int,
     quiet_model_loading,
+    server_limits,
+    tcp_port,
     thread_count,
 )
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.spec import MAX_NEW_TOKENS
 from gpt_serve.models import MODELS_DIR
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"must be a TCP port in [1, 65535], got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="interface to bind (default 127.0.0.1: this machine only; 0.0.0.0: every interface)",
     )
-    p.add_argument("--port", type=_port, default=7860, help="TCP port (default 7860)")
+    p.add_argument("--port", type=tcp_port, default=7860, help="TCP port (default 7860)")
     p.add_argument("--share", action="store_true", help="also open a public *.gradio.live link (needs internet)")
     p.add_argument(
         "--model",
@@ -122,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_progress_argument(p, help="show progress bars (transformers' weight-loading bar)")
     add_api_arguments(p)  # the mounted OpenAI-compatible API: the same access flags as `gpt-serve serve`
+    add_limit_arguments(p)  # and the same bounds, for every request the demo's server takes
     return p
 
 
@@ -155,17 +154,20 @@ def preload(registry, model: str, backend: str) -> str:
     return f"{model}/{backend} loaded and warmed up in {time.perf_counter() - start:.2f} s"
 
 
-def mount_api(app, registry, default_backend: str, max_tokens_limit: int, **access) -> bool:
+def mount_api(app, registry, default_backend: str, max_tokens_limit: int, **access):
     """Adds the OpenAI-compatible API (`gpt_serve.api`) to the demo's FastAPI app: the same process, the same
-    schedulers, with the same access options as `gpt-serve serve` (`access`: `api_options`). False (with a message)
-    where its dependencies are not installed."""
+    schedulers, with the same access options as `gpt-serve serve` (`access`: `api_options`). Returns the API's
+    `Drain` (its open requests, for the shutdown), or None (with a message) where its dependencies are not
+    installed."""
     try:
         from gpt_serve.api import create_router
+        from gpt_serve.api_limits import Drain
     except ImportError as e:
         print(f"demo: no OpenAI-compatible API ({e}; pip install 'gpt-serve[serve]')", file=sys.stderr)
-        return False
-    app.include_router(create_router(registry, default_backend, max_tokens_limit, **access))
-    return True
+        return None
+    drain = Drain()
+    app.include_router(create_router(registry, default_backend, max_tokens_limit, drain=drain, **access))
+    return drain
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         print("demo: error: --mcp needs Gradio's MCP support: pip install 'gpt-serve[mcp]'", file=sys.stderr)
         return 2
     try:  # before anything loads
-        access = api_options(args)
+        access, limits = api_options(args), server_limits(args)
         hint = f'is another demo running? pass --port N (make demo DEMO_ARGS="--port {args.port + 1}")'
         check_port_free(args.host, args.port, hint)
     except (OSError, ValueError) as e:
@@ -235,13 +237,17 @@ def main(argv: list[str] | None = None) -> int:
             prevent_thread_lock=True,
             max_threads=max(40, 2 * args.concurrency + 8),
             ssr_mode=False,
-            **launch_options(),
+            **launch_options(limits),
             mcp_server=args.mcp,
         )
     except OSError as e:
         print(f"demo: error: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 2
-    if mount_api(app, registry, args.backend, args.max_new_tokens_limit, **access):
+    from gpt_serve.api_limits import close_slow_headers
+
+    close_slow_headers(demo.server, limits.header_timeout)
+    drain = mount_api(app, registry, args.backend, args.max_new_tokens_limit, **access)
+    if drain is not None:
         print(f"demo: OpenAI-compatible API at http://{args.host}:{args.port}/v1 (completions, chat, models)")
     missing = mount_browser(app, registry.folder(default_model))
     print(
@@ -254,11 +260,15 @@ def main(argv: list[str] | None = None) -> int:
         if age is not None
         else "demo: ready (Ctrl+C stops it)"
     )
+    signal.signal(signal.SIGTERM, interrupt)  # a service manager's stop: the same clean exit as Ctrl-C
     try:
-        demo.block_thread()
+        while demo.is_running:  # not `demo.block_thread()`: on Ctrl-C it closes the server before the API drains
+            time.sleep(0.1)
     except KeyboardInterrupt:
         pass
     finally:
+        if drain is not None:  # the API's open streams end with their [DONE], within --shutdown-timeout
+            drain.close(limits.shutdown_timeout)
         demo.close()
         registry.close()
     return 0

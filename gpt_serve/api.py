@@ -14,10 +14,12 @@
 Answers follow OpenAI's wire format, errors included (`{"error": {"message", "type", "param", "code"}}`: 400 a bad
 request, named; 401 without the API key; 404 an unknown model or route; 405; 429 the scheduler's queue is full; 503
 a model that cannot be served here; 422 `model_error` when the model computes NaN or infinite logits, which are
-never sampled: that request ends, the others go on; a stream then ends with an `error` event and `[DONE]`). Every
-choice is a `TextStream` on the model's `Scheduler`, as on every other surface; a client that disconnects frees its
-rows. `max_tokens_limit` lowers the specification's limit of max_tokens. With `api_key`, every route but /health
-(and /metrics unless `metrics_need_key`) needs `Authorization: Bearer <key>`, compared in constant time.
+never sampled: that request ends, the others go on; a stream then ends with an `error` event and `[DONE]`;
+413/408 for a body over the limit or too slow, `gpt_serve.api_limits`, whose `BodyLimits` `create_app` adds and the
+demo adds too; 503 once the server is shutting down). Every choice is a `TextStream` on the model's `Scheduler`, as
+on every other surface; a client that disconnects frees its rows, whether it streams or not. `max_tokens_limit`
+lowers the specification's limit of max_tokens. With `api_key`, every route but /health (and /metrics unless
+`metrics_need_key`) needs `Authorization: Bearer <key>`, compared in constant time.
 
     app = create_app(ModelRegistry.discover(), api_key="s3cret", allow_origins=["https://example.org"])
     demo_app.include_router(create_router(registry, api_key=...))    # beside the Gradio demo, in the same process
@@ -28,6 +30,7 @@ Behind a load balancer of several replicas (`gpt_serve.ray_serve`), each answer 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hmac
@@ -42,6 +45,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
 from . import __version__
+from .api_limits import BodyLimits, Drain, ServerLimits, parse_json
 from .api_metrics import Metrics
 from .api_protocol import (
     APIError,
@@ -49,6 +53,7 @@ from .api_protocol import (
     answer,
     chat_logprobs,
     completion_logprobs,
+    error_body,
     parse_chat,
     parse_completion,
     require_model,
@@ -57,27 +62,18 @@ from .api_protocol import (
 from .generation.logprobs import prompt_logprobs
 from .generation.registry import ModelRegistry, ModelUnavailable
 from .generation.requests import EngineError, ServerBusy
-from .generation.spec import RequestError, show_value
+from .generation.spec import RequestError, check_value, show_value
 from .generation.text import TextStream, encode_prompt
 
 REPLICA_HEADER = "x-gpt-serve-replica"
 API_KEY_ENV = "GPT_SERVE_API_KEY"
-CODES = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 429: "server_busy"}
-CODES[503] = "model_unavailable"
 # A request the model failed (`EngineError`: NaN or infinite logits): the request could not be processed, and no
 # server error either, for the server goes on serving every other request.
 MODEL_ERROR_STATUS = 422
-CODES[MODEL_ERROR_STATUS] = "model_error"
-
-
-def error_object(e: APIError) -> dict:
-    """OpenAI's error object: `{"error": {"message", "type", "param", "code"}}`."""
-    code = "model_not_found" if e.status == 404 and e.param == "model" else CODES.get(e.status)
-    return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": code}}
 
 
 def error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(error_object(e), status_code=e.status)
+    return JSONResponse(error_body(e), status_code=e.status)
 
 
 def model_failure(e: EngineError) -> APIError:
@@ -155,9 +151,12 @@ def create_router(
     api_key: str | None = None,
     metrics_need_key: bool = False,
     allow_origins: tuple[str, ...] | list[str] = (),
+    drain: Drain | None = None,
 ) -> APIRouter:
-    """The API's routes over `registry` (see the module docstring)."""
+    """The API's routes over `registry` (see the module docstring); `drain` holds the open requests, for the
+    server's shutdown (`gpt_serve.api_limits`)."""
     metrics = Metrics(registry)
+    drain = drain or Drain()
     origins = tuple(allow_origins)
     open_routes = APIRouter(route_class=_route_class(None, origins))
     router = APIRouter(route_class=_route_class(api_key, origins))
@@ -198,18 +197,13 @@ def create_router(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def body_of(http: Request):
-        try:
-            return await http.json()
-        except ValueError as e:
-            raise APIError(400, f"the request body is not valid JSON ({e})") from None
+        return parse_json(await http.body())
 
     @router.post("/tokenize")
     async def tokenize(http: Request):
         try:
             body = await body_of(http)
             loaded, prompt = _vocab_request(registry, body, default_backend, "prompt")
-            if not isinstance(prompt, str):
-                raise APIError(400, f"prompt must be text, got {show_value(prompt)}", "prompt")
             ids = _encode(loaded.vocab, prompt, body.get("unk_policy", "error"))
         except APIError as e:
             return error_response(e)
@@ -228,12 +222,17 @@ def create_router(
     async def serve(http: Request, parse) -> Response:
         try:
             job = parse(await body_of(http), registry, default_backend, max_tokens_limit)
-            choices = await anyio.to_thread.run_sync(_start, registry, job, metrics)
+            if drain.closing:
+                raise APIError(503, "the server is shutting down", None, "server_error")
+            choices = await anyio.to_thread.run_sync(_start, registry, job, metrics, drain)
         except APIError as e:
             return error_response(e)
         cid = f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{secrets.token_hex(12)}"
         if job.stream:
-            return StreamingResponse(_events(job, choices, cid, int(time.time())), media_type="text/event-stream")
+            events = _events(job, choices, cid, int(time.time()), drain)
+            return StreamingResponse(events, media_type="text/event-stream")
+        # a client that leaves frees its rows at once, whether it streams or not
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(http, choices))
         try:
             for choice in choices:
                 while not choice.text.done:
@@ -241,8 +240,8 @@ def create_router(
         except EngineError as e:
             return error_response(model_failure(e))
         finally:
-            for choice in choices:
-                choice.text.cancel()
+            watcher.cancel()
+            _end(choices, drain)
         try:
             echoed = await anyio.to_thread.run_sync(_echo, registry, job, choices) if job.echo else None
         except APIError as e:
@@ -277,8 +276,9 @@ def _vocab_request(registry: ModelRegistry, body, default_backend: str, field: s
         raise APIError(400, str(e), e.field) from None
 
 
-def _encode(vocab, prompt: str, unk_policy) -> list[int]:
+def _encode(vocab, prompt, unk_policy) -> list[int]:
     try:
+        prompt = check_value("prompt", prompt)  # text, within the specification's length
         return encode_prompt(vocab, prompt, unk_policy if unk_policy in ("error", "replace", "drop") else "error")
     except RequestError as e:
         raise APIError(400, str(e), "prompt") from None
@@ -293,9 +293,9 @@ def _decode(vocab, ids, field: str) -> str:
     return vocab.decode(ids)
 
 
-def _start(registry: ModelRegistry, job: Job, metrics: Metrics) -> list[_Choice]:
+def _start(registry: ModelRegistry, job: Job, metrics: Metrics, drain: Drain) -> list[_Choice]:
     """Loads the model (first use) and submits every choice (prompt i's choice j is index i * best_of + j, with
-    seed `seed + index`); APIError for what cannot be served."""
+    seed `seed + index`), each held open in `drain` until `_end`; APIError for what cannot be served."""
     try:
         loaded = registry.backend(job.model, job.backend)
         scheduler = registry.scheduler(job.model, job.backend)
@@ -318,12 +318,27 @@ def _start(registry: ModelRegistry, job: Job, metrics: Metrics) -> list[_Choice]
                 except RequestError as e:
                     where = f"prompt {i}: " if len(job.prompts) > 1 else ""
                     raise APIError(400, f"{where}{e}", e.field) from None
+                drain.open.add(text)
                 choices.append(_Choice(index, text, job, metrics))
     except APIError:
-        for choice in choices:
-            choice.text.cancel()
+        _end(choices, drain)
         raise
     return choices
+
+
+def _end(choices: list[_Choice], drain: Drain) -> None:
+    """The choices' rows freed (a no-op for those that ended) and forgotten by `drain`."""
+    for choice in choices:
+        choice.text.cancel()
+        drain.open.discard(choice.text)
+
+
+async def _cancel_on_disconnect(http: Request, choices: list[_Choice]) -> None:
+    """Waits for the client to leave (once the body is read, `receive` has nothing else to say), then cancels."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+    for choice in choices:
+        choice.text.cancel()
 
 
 def _echo(registry: ModelRegistry, job: Job, choices: list[_Choice]) -> list:
@@ -337,7 +352,7 @@ def _echo(registry: ModelRegistry, job: Job, choices: list[_Choice]) -> list:
     return out
 
 
-async def _events(job: Job, choices: list[_Choice], cid: str, created: int) -> AsyncIterator[str]:
+async def _events(job: Job, choices: list[_Choice], cid: str, created: int, drain: Drain) -> AsyncIterator[str]:
     """OpenAI's server-sent chunks, choice after choice (each stream keeps its tokens meanwhile); the rows are
     cancelled when the client goes away (the task is cancelled)."""
     chat = job.kind == "chat"
@@ -377,13 +392,12 @@ async def _events(job: Job, choices: list[_Choice], cid: str, created: int) -> A
         if job.include_usage:
             yield chunk([], usage(choices, job))
     except EngineError as e:  # the model failed this request: an error event (OpenAI's clients raise it), the end
-        yield f"data: {json.dumps(error_object(model_failure(e)))}\n\n"
+        yield f"data: {json.dumps(error_body(model_failure(e)))}\n\n"
         yield "data: [DONE]\n\n"
     else:
         yield "data: [DONE]\n\n"
     finally:
-        for choice in choices:
-            choice.text.cancel()
+        _end(choices, drain)
 
 
 class _ReplicaHeader:
@@ -414,12 +428,16 @@ def add_error_handlers(app: FastAPI) -> None:
         return error_response(APIError(exc.status_code, message or str(exc.detail)))
 
 
-def create_app(registry: ModelRegistry, replica_id: str | None = None, **router_options) -> FastAPI:
+def create_app(
+    registry: ModelRegistry, replica_id: str | None = None, limits: ServerLimits | None = None, **router_options
+) -> FastAPI:
     """A FastAPI app serving only the API (`gpt-serve serve`); its shutdown stops the registry's decode loops.
 
     `replica_id` (set by `gpt_serve.ray_serve` for each replica) is sent back in an `x-gpt-serve-replica` header
-    on every answer; without it the answers carry no such header. `router_options` are `create_router`'s (the API
-    key, CORS origins, limits)."""
+    on every answer; without it the answers carry no such header. `limits` bound the request bodies (`BodyLimits`);
+    `app.state.drain` holds the open requests, for `api_limits.run_server`'s shutdown. `router_options` are
+    `create_router`'s (the API key, CORS origins, the max_tokens limit)."""
+    limits = limits or ServerLimits()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -427,8 +445,10 @@ def create_app(registry: ModelRegistry, replica_id: str | None = None, **router_
         registry.close()
 
     app = FastAPI(title="gpt-serve", description="OpenAI-compatible API of gpt-serve", lifespan=lifespan)
-    app.include_router(create_router(registry, **router_options))
+    app.state.drain = Drain()
+    app.include_router(create_router(registry, drain=app.state.drain, **router_options))
     add_error_handlers(app)
+    app.add_middleware(BodyLimits, max_bytes=limits.max_body_bytes, timeout=limits.body_timeout)
     if replica_id is not None:
         app.add_middleware(_ReplicaHeader, replica_id=replica_id)
     return app

@@ -22,11 +22,22 @@ IGNORED = ("user", "store", "metadata", "service_tier", "parallel_tool_calls")
 
 
 class APIError(Exception):
-    """An error answered in OpenAI's format (`gpt_serve.api` renders it)."""
+    """An error answered in OpenAI's format (`error_body`)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, type_: str = "invalid_request_error"):
         super().__init__(message)
         self.status, self.message, self.param, self.type = status, message, param, type_
+
+
+# OpenAI's `code` of an error, by HTTP status (a 400 has none; a 404 of a model is "model_not_found")
+ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout"}
+ERROR_CODES |= {413: "request_too_large", 422: "model_error", 429: "server_busy", 503: "model_unavailable"}
+
+
+def error_body(e: APIError) -> dict:
+    """OpenAI's error JSON: `{"error": {"message", "type", "param", "code"}}`."""
+    code = "model_not_found" if e.status == 404 and e.param == "model" else ERROR_CODES.get(e.status)
+    return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": code}}
 
 
 @dataclass(frozen=True)

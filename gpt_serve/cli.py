@@ -28,6 +28,7 @@ import sys
 import time
 from importlib.metadata import EntryPoint, entry_points
 
+from . import api_limits
 from .generation import BACKENDS, WINDOW_MODES, EngineError, load_backend, parse_request
 from .generation.engine import inline_scheduler
 from .generation.spec import FIELDS_BY_NAME, MAX_NEW_TOKENS
@@ -80,6 +81,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def tcp_port(text: str) -> int:
+    """argparse type: a TCP port, in [1, 65535]."""
+    value = int(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be a TCP port in [1, 65535], got {text}")
+    return value
+
+
 API_KEY_ENV = "GPT_SERVE_API_KEY"
 
 
@@ -100,6 +109,36 @@ def add_api_arguments(parser) -> None:
         metavar="ORIGIN",
         help="let a browser page from ORIGIN (e.g. https://example.org) call the API (CORS); repeatable",
     )
+
+
+LIMIT_FLAGS = {  # flag: (ServerLimits field, argparse type, help)
+    "--max-body-bytes": ("max_body_bytes", positive_int, "the largest request body accepted (past it: 413)"),
+    "--body-timeout": ("body_timeout", "seconds", "seconds a request's body may take to arrive (past them: 408)"),
+    "--header-timeout": ("header_timeout", "seconds", "seconds a client may take to send a request's headers"),
+    "--shutdown-timeout": (
+        "shutdown_timeout", "seconds",
+        "on SIGTERM or Ctrl-C, seconds open requests get to end before they are cut (their streams end with "
+        "finish_reason 'abort' and [DONE])",
+    ),
+}  # fmt: skip
+
+
+def add_limit_arguments(parser) -> None:
+    """The server's bounds (`gpt_serve.api_limits.ServerLimits`), the same for `gpt-serve serve` and the demo."""
+    defaults = api_limits.ServerLimits()
+    for flag, (field, kind, text) in LIMIT_FLAGS.items():
+        parser.add_argument(
+            flag,
+            type=positive_float if kind == "seconds" else kind,
+            default=argparse.SUPPRESS,  # left out: no attribute, and `server_limits` takes the default
+            help=f"{text} (default {getattr(defaults, field):,})",
+        )
+
+
+def server_limits(args) -> api_limits.ServerLimits:
+    """The `ServerLimits` of the flags of `add_limit_arguments` (a flag left out: the default)."""
+    given = {field: getattr(args, field) for field, _, _ in LIMIT_FLAGS.values() if hasattr(args, field)}
+    return api_limits.ServerLimits(**given)
 
 
 def api_options(args) -> dict:
@@ -222,8 +261,6 @@ def _serve(args: argparse.Namespace) -> int:
     if given:
         raise ValueError(f"only with --ray: {', '.join(given)}")
     try:
-        import uvicorn
-
         from .api import create_app
     except ImportError as e:
         print(f"gpt-serve serve: cannot import {e.name} ({e}); pip install 'gpt-serve[serve]'", file=sys.stderr)
@@ -239,16 +276,21 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"no model folder found under {args.models_root} or in --model-dir")
     if not args.no_preload:  # the first request should not wait for a model to load
         print(f"gpt-serve serve: {registry.preload(args.backend)[1]}", file=sys.stderr)
-    options = api_options(args)
-    app = create_app(registry, default_backend=args.backend, max_tokens_limit=args.max_tokens_limit, **options)
+    options, limits = api_options(args), server_limits(args)
+    app = create_app(
+        registry, default_backend=args.backend, max_tokens_limit=args.max_tokens_limit, limits=limits, **options
+    )
     print(f"gpt-serve serve: models {registry.available} on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    api_limits.run_server(app, args.host, args.port, args.log_level, limits, app.state.drain)
     return 0
 
 
 def _serve_ray(args: argparse.Namespace) -> int:
     from .models import MODELS_DIR
 
+    not_with_ray = [f for f in ("--header-timeout", "--shutdown-timeout") if hasattr(args, LIMIT_FLAGS[f][0])]
+    if not_with_ray:  # Ray's proxy holds the connections, and the replicas' shutdown is Ray's
+        raise ValueError(f"not with --ray: {', '.join(not_with_ray)}")
     try:
         from .ray_serve import RayServeOptions, require_ray, serving
 
@@ -256,6 +298,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
     except ImportError as e:
         print(f"gpt-serve serve --ray: cannot import {e.name or e}; pip install 'gpt-serve[ray]'", file=sys.stderr)
         return 2
+    limits = server_limits(args)
     options = RayServeOptions(
         replicas=args.replicas or 1,
         replica_cpus=args.replica_cpus or 1.0,
@@ -266,6 +309,8 @@ def _serve_ray(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_queue=args.max_queue,
         max_tokens_limit=args.max_tokens_limit,
+        max_body_bytes=limits.max_body_bytes,
+        body_timeout=limits.body_timeout,
         preload=not args.no_preload,
         **api_options(args),
     )
@@ -275,14 +320,15 @@ def _serve_ray(args: argparse.Namespace) -> int:
     with serving(options, args.host, args.port, args.ray_address, args.log_level) as url:
         replicas = f"{options.replicas} Ray Serve replica{'s' if options.replicas > 1 else ''}"
         print(f"gpt-serve serve: models {models} on {url}/v1, {replicas}; Ctrl-C stops", file=sys.stderr)
-        signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop: the same clean exit as Ctrl-C
+        signal.signal(signal.SIGTERM, interrupt)  # a service manager's stop: the same clean exit as Ctrl-C
         with contextlib.suppress(KeyboardInterrupt):
             while True:
                 time.sleep(3600)
     return 0
 
 
-def _interrupt(signum, frame):
+def interrupt(signum, frame):
+    """A SIGTERM handler: KeyboardInterrupt, as Ctrl-C raises."""
     for stop in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut the shutdown short
         signal.signal(stop, signal.SIG_IGN)
     raise KeyboardInterrupt
@@ -471,7 +517,7 @@ def _serve_parser(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     s.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: every interface, opt-in)")
-    s.add_argument("--port", type=positive_int, default=8000)
+    s.add_argument("--port", type=tcp_port, default=8000)
     s.add_argument("--models-root", default=str(MODELS_DIR), help="folder whose sub-folders are the models")
     s.add_argument("--model-dir", action="append", default=[], metavar="[NAME=]PATH", help="add a model folder")
     s.add_argument("--backend", choices=list(BACKENDS), default="torch", help="when a request names none")
@@ -494,6 +540,7 @@ def _serve_parser(sub) -> None:
     s.add_argument("--verbose", action="store_true", help="the same as --progress")
     add_progress_argument(s)
     add_api_arguments(s)
+    add_limit_arguments(s)
     s.add_argument(
         "--no-preload",
         action="store_true",

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .api_limits import BODY_TIMEOUT, MAX_BODY_BYTES, ServerLimits
 from .generation.loading import check_backend_key
 from .generation.registry import ModelRegistry
 from .generation.spec import MAX_NEW_TOKENS
@@ -54,6 +56,8 @@ class RayServeOptions(BaseModel):
     max_tokens_limit: int = Field(
         MAX_NEW_TOKENS, ge=1, le=MAX_NEW_TOKENS, description="the largest max_tokens accepted"
     )
+    max_body_bytes: int = Field(MAX_BODY_BYTES, ge=1, description="the largest request body accepted (413 past it)")
+    body_timeout: float = Field(BODY_TIMEOUT, gt=0, description="seconds a request body may take to arrive (408)")
     preload: bool = Field(True, description="each replica loads and warms up the default model for `backend` first")
     api_key: str | None = Field(None, description="every route but /health needs 'Authorization: Bearer <key>'")
     metrics_need_key: bool = Field(False, description="/metrics needs the API key too")
@@ -100,9 +104,11 @@ def replica_app(options: RayServeOptions, replica_id: str) -> FastAPI:
     access = dict(
         api_key=options.api_key, metrics_need_key=options.metrics_need_key, allow_origins=options.allow_origins
     )
+    limits = ServerLimits(max_body_bytes=options.max_body_bytes, body_timeout=options.body_timeout)
     return create_app(
-        registry, replica_id=replica_id, default_backend=options.backend, max_tokens_limit=limit, **access
-    )
+        registry, replica_id=replica_id, default_backend=options.backend, max_tokens_limit=limit, limits=limits,
+        **access,
+    )  # fmt: skip
 
 
 def application(options: RayServeOptions) -> Application:
@@ -112,6 +118,8 @@ def application(options: RayServeOptions) -> Application:
     def build_replica_app() -> FastAPI:  # Ray runs this in each replica as it starts: only `options` travels
         from ray import serve
 
+        if os.environ.get(LOOPBACK_ONLY_ENV) == "0":
+            _replica_grpc_on_loopback()
         return replica_app(options, serve.get_replica_context().replica_tag)
 
     deployment = serve.deployment(
@@ -148,6 +156,8 @@ def serving(
     ray, serve = require_ray()
     local = address is None
     if local:
+        if _is_loopback(host):
+            _keep_ray_on_loopback(ray)
         ray.init(address="local", include_dashboard=False)
     else:
         ray.init(address=address)
@@ -167,6 +177,38 @@ def serving(
         else:
             serve.delete(APP_NAME)
         ray.shutdown()
+
+
+LOOPBACK_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _keep_ray_on_loopback(ray) -> None:
+    """Makes a local Ray instance bind its own services to 127.0.0.1 (its GCS, raylet, workers' and agents' gRPC and
+    metrics ports), as Serve's proxy is for `--host 127.0.0.1`. Ray 2.60 binds each to every interface unless the
+    node's address is the loopback one, and it takes the loopback as the node's address only where its clusters are
+    off (its default on macOS and Windows): `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read by the processes Ray starts
+    (they inherit the environment) and, at its import, by this one (hence the constant too)."""
+    os.environ[LOOPBACK_ONLY_ENV] = "0"
+    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def _replica_grpc_on_loopback() -> None:
+    """In a replica of a loopback-only instance (`_keep_ray_on_loopback`): Ray Serve 2.60 starts each replica's
+    inter-deployment gRPC server on `[::]:0`, every interface, with no option; this binds it to 127.0.0.1, the
+    node's address. (Called as the replica builds its app, before Serve starts that server.)"""
+    from ray.serve._private import replica
+
+    bind = replica.add_port_to_grpc_server
+    replica.add_port_to_grpc_server = lambda server, address: bind(server, address.replace("[::]", "127.0.0.1"))
 
 
 def _root_url(serve, asked: str) -> str:

@@ -99,24 +99,33 @@ class CharVocab:
                 f"delete {os.path.basename(path)} and save the tokenizer again to rewrite it."
             )
 
-    def unknown(self, text: str) -> list[tuple[int, str]]:
-        """(position, character) of every character of `text` outside the vocabulary."""
-        return [(i, c) for i, c in enumerate(text) if c not in self.stoi]
+    def unknown(self, text: str, shown: int = 10) -> tuple[int, list[tuple[int, str]]]:
+        """How many characters of `text` are outside the vocabulary, and the first `shown` of them as (position,
+        character): bounded whatever the text's length, so an error made of it keeps nothing of a huge text."""
+        stoi = self.stoi
+        if set(text).issubset(stoi):
+            return 0, []
+        count, first = 0, []
+        for i, c in enumerate(text):
+            if c not in stoi:
+                count += 1
+                if len(first) < shown:
+                    first.append((i, c))
+        return count, first
 
     def clean(self, text: str, unk_policy: str | None = None) -> str:
         """`text` with unknown characters handled by `unk_policy` (default: this vocabulary's policy)."""
         policy = unk_policy or self.unk_policy
         if policy not in UNK_POLICIES:
             raise ValueError(f"unk_policy must be one of {UNK_POLICIES}, got {policy!r}")
-        unknown = self.unknown(text)
-        if not unknown:
+        count, first = self.unknown(text)
+        if not count:
             return text
         if policy == "error":
-            shown = ", ".join(f"{c!r} at {i}" for i, c in unknown[:10])
-            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+            shown = ", ".join(f"{c!r} at {i}" for i, c in first)
+            more = f" and {count - len(first)} more" if count > len(first) else ""
             raise ValueError(
-                f"text has {len(unknown)} character{'s' if len(unknown) > 1 else ''} outside the vocabulary: "
-                f"{shown}{more}. "
+                f"text has {count} character{'s' if count > 1 else ''} outside the vocabulary: {shown}{more}. "
                 f"Use unk_policy='drop' or 'replace' to accept them."
             )
         replacement = "" if policy == "drop" else self.unk_replacement

@@ -22,20 +22,14 @@ def encode_prompt(vocab, prompt: str, unk_policy: str = "error") -> list[int]:
         raise RequestError(f"prompt must be text, got {type(prompt).__name__}", "prompt")
     if not prompt:
         return [0]
-    stoi = vocab.stoi
     if unk_policy == "error":
-        unknown, count = [], 0
-        for i, c in enumerate(prompt):
-            if c not in stoi:
-                count += 1
-                if len(unknown) < 10:
-                    unknown.append(f"{c!r} (position {i})")
+        count, first = vocab.unknown(prompt)
         if count:
-            more = f" and {count - 10} more" if count > 10 else ""
+            shown = ", ".join(f"{c!r} (position {i})" for i, c in first)
+            more = f" and {count - len(first)} more" if count > len(first) else ""
             raise RequestError(
                 f"the prompt has {count:,} character{'s' if count > 1 else ''} outside this model's vocabulary: "
-                f"{', '.join(unknown)}{more}. Remove them, or set unk_policy to 'replace' (each becomes a space) or "
-                f"'drop'",
+                f"{shown}{more}. Remove them, or set unk_policy to 'replace' (each becomes a space) or 'drop'",
                 "prompt",
             )
     ids = vocab.encode(prompt, unk_policy=unk_policy)
@@ -73,7 +67,8 @@ class TextStream:
         self.stream: Stream = scheduler.submit(job)
         self.text = ""  # the text so far, cut at a stop string
         self.tokens = 0  # tokens that made the text (a stop string's included)
-        self.finish_reason: str | None = None  # "stop" (a stop string) or "length" once done
+        self.finish_reason: str | None = None  # "stop" (a stop string), "length" or `cancel`'s reason once done
+        self._end_reason = "length"
         self._sent = 0  # how much of `text` `take` has returned
         self._hold = max((len(s) - 1 for s in request.stop), default=0)  # a tail that may still become a stop
 
@@ -86,8 +81,11 @@ class TextStream:
         """With `request.logprobs`: (logprob, [(id, logprob), ...]) of each token of `text`, in order."""
         return self.stream.logprobs[: len(self.text)]
 
-    def cancel(self) -> None:
-        """Frees the request's row before the next decode step (a no-op once it has ended)."""
+    def cancel(self, reason: str | None = None) -> None:
+        """Frees the request's row before the next decode step (a no-op once it has ended); the text then ends
+        with `reason` as its finish_reason (a server's "abort" at shutdown), or "length"."""
+        if reason is not None and not self.done:
+            self._end_reason = reason
         self.stream.cancel()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -117,7 +115,7 @@ class TextStream:
 
     def _feed(self, chunk: list[int] | None) -> str:
         if chunk is None:
-            self.finish_reason = "length"
+            self.finish_reason = self._end_reason
             return self._new_text(final=True)
         checked = max(0, len(self.text) - self._hold)  # where a stop string may start that was not seen yet
         self.text += self.vocab.decode(chunk)

@@ -71,9 +71,8 @@ def test_serve_preloads_the_default_model_unless_told_not_to(models_root, monkey
     """Before it answers, `gpt-serve serve` has the default model's decode loop running (`--no-preload`: none)."""
     import socket
 
-    import uvicorn
-
     import gpt_serve.api
+    import gpt_serve.api_limits
 
     created = {}
     real_create_app = gpt_serve.api.create_app
@@ -84,7 +83,7 @@ def test_serve_preloads_the_default_model_unless_told_not_to(models_root, monkey
         return real_create_app(registry, **kwargs)
 
     monkeypatch.setattr(gpt_serve.api, "create_app", create_app)
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)  # the server itself is not the point here
+    monkeypatch.setattr(gpt_serve.api_limits, "run_server", lambda *args: None)  # the server is not the point here
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

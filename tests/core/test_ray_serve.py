@@ -108,7 +108,8 @@ def test_ray_not_installed_names_the_extra(monkeypatch, capsys):
 def test_two_replicas_share_32_concurrent_streams(tmp_path):
     """`gpt-serve serve --ray` on a local Ray instance: 32 streams through Ray's proxy, all complete and both
     replicas serve some; a long stream's first chunk arrives at once (Ray's proxy streams); rows are freed when the
-    clients leave; SIGTERM stops every process Ray started."""
+    clients leave; SIGTERM stops every process Ray started. Served on 127.0.0.1, no process Ray started listens on
+    another address (its GCS, raylet, workers and agents too, not only Serve's proxy)."""
     pytest.importorskip("ray.serve")
     port, log = free_port(), tmp_path / "serve.log"
     command = [sys.executable, "-m", "gpt_serve", "serve", "--ray", "--replicas", "2", "--replica-cpus", "1"]
@@ -124,6 +125,11 @@ def test_two_replicas_share_32_concurrent_streams(tmp_path):
         assert wait_until(lambda: ready in log.read_text() or server.poll() is not None, timeout=180), log.read_text()
         assert server.poll() is None and _healthy(url), log.read_text()[-3000:]
         started = _descendants(server.pid)
+        listening = _listening({server.pid, *started})
+        exposed = [(pid, ip, port) for pid, ip, port in listening if ip not in LOOPBACK]
+        assert listening and not exposed, [
+            (Path(f"/proc/{pid}/cmdline").read_bytes()[:80], ip) for pid, ip, _ in exposed
+        ]
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
         def stream(i: int) -> tuple[str, str, int]:
@@ -211,6 +217,40 @@ def _descendants(pid: int) -> set[int]:
         for child in children[todo.pop()]:
             found.add(child)
             todo.append(child)
+    return found
+
+
+LOOPBACK = ("127.0.0.1", "::1")
+
+
+def _listening(pids: set[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of each TCP socket that the processes `pids` listen on (Linux /proc)."""
+    import ipaddress
+
+    addresses = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            _, local, _, state, *rest = line.split()
+            if state == "0A":  # LISTEN
+                ip, port = local.split(":")
+                raw = bytes.fromhex(ip)  # 32-bit words in host (little-endian) order
+                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                address = ipaddress.ip_address(raw)
+                address = getattr(address, "ipv4_mapped", None) or address  # ::ffff:127.0.0.1 is 127.0.0.1
+                addresses[rest[5]] = (str(address), int(port, 16))
+    found = []
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:  # gone
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(fd)
+            except OSError:  # closed meanwhile
+                continue
+            if link.startswith("socket:[") and link[8:-1] in addresses:
+                found.append((pid, *addresses[link[8:-1]]))
     return found
 
 

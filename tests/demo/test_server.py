@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
@@ -162,11 +164,16 @@ def test_replacement_of_unknown_characters_is_opt_in(client):
 
 
 def test_cli_starts_quickly_and_serves(models_root, tmp_path):
-    """`python -m demo` with a models folder: preloads, binds 127.0.0.1 by default, answers the API."""
+    """`python -m demo` with a models folder: preloads, binds 127.0.0.1 by default, answers the API; closes a
+    connection whose headers do not come within --header-timeout; on SIGTERM, the OpenAI API's open stream ends
+    with its `data: [DONE]` after --shutdown-timeout, and the demo exits cleanly."""
+    from tests.core.test_api_hardening import closed_within
+
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "demo.log"
     cmd = [sys.executable, "-m", "demo", "--models-root", str(models_root), "--model", "tiny", "--port", str(port)]
+    cmd += ["--header-timeout", "1", "--shutdown-timeout", "1"]
     with open(log, "w") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
@@ -181,6 +188,17 @@ def test_cli_starts_quickly_and_serves(models_root, tmp_path):
         assert f"in-browser page (onnxruntime-web) at http://127.0.0.1:{port}/browser/\n" in text
         config = urllib.request.urlopen(f"http://127.0.0.1:{port}/browser/model/config.json", timeout=10).read()
         assert json.loads(config)["block_size"] == 16  # the default model's
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            assert closed_within(slow, 3, b"GET / HTTP/1.1\r\nX-Padding: " + b"x" * 100)[0]
+        long = {"model": "tiny", "prompt": "A", "max_tokens": 100_000, "window_mode": "exact", "stream": True}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=long, timeout=30) as response:
+            chunks = response.iter_text()
+            text = next(chunks)
+            process.terminate()
+            text += "".join(chunks)
+        assert text.endswith("data: [DONE]\n\n") and '"finish_reason": "abort"' in text[-400:], text[-400:]
+        assert process.wait(timeout=10) == 0
+        assert "Traceback" not in log.read_text()
     finally:
         process.terminate()
         process.wait(timeout=10)

@@ -108,20 +108,21 @@ def test_a_request_body_over_the_limit_is_refused_unread(server):
         connection.endheaders(b"{}")
         response = connection.getresponse()
         assert response.status == 413, path
-        assert "over this server's limit of 262,144" in response.read().decode()
+        error = json.loads(response.read())["error"]  # OpenAI's error JSON, on every path
+        assert "over this server's limit of 1,048,576 bytes" in error["message"]
+        assert error["code"] == "request_too_large"
         connection.close()
 
 
 def test_a_chunked_body_is_cut_off_at_the_limit():
-    """A body sent without Content-Length is counted as it arrives; FastAPI answers 413 when it runs past the limit
-    (not the 400 it gives for other errors while reading a body)."""
+    """A body sent without Content-Length is counted as it arrives, and refused (413) when it runs past the limit."""
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
     from starlette.middleware import Middleware
 
-    from demo.limits import BodySizeLimit
+    from gpt_serve.api_limits import BodyLimits
 
-    app = FastAPI(middleware=[Middleware(BodySizeLimit, max_bytes=1000)])
+    app = FastAPI(middleware=[Middleware(BodyLimits, max_bytes=1000)])
 
     @app.post("/echo")
     def echo(body: dict) -> dict:
@@ -137,9 +138,23 @@ def test_too_few_values_and_file_shaped_values_get_a_message(server):
     fn_index = next(i for i, fn in server.demo.fns.items() if fn.api_name == "generate")
     answer = post(server.url + "/gradio_api/run/predict", {"fn_index": fn_index, "data": ["ROMEO:"]})
     assert "generate takes 10 values (prompt, max_new_tokens," in json.dumps(answer), answer
+    for count in (11, 100):  # extra values are not ignored either
+        answer = post(server.url + "/gradio_api/run/predict", {"fn_index": fn_index, "data": ["ROMEO:"] * count})
+        assert "generate takes 10 values (prompt, max_new_tokens," in json.dumps(answer), answer
+        assert f"got {count}" in json.dumps(answer), answer
     file_like = {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}
     answer = post(server.url + "/gradio_api/run/predict", {"fn_index": fn_index, "data": [file_like] + [None] * 9})
     assert "prompt takes text or a number, got a dict (files are not accepted)" in json.dumps(answer), answer
+
+
+def test_json_nested_5000_deep_is_a_400_on_every_path(server):
+    deep = ("[" * 5000 + "]" * 5000).encode()
+    for path in ("/gradio_api/run/predict", "/gradio_api/queue/join", "/v1/completions"):
+        request = urllib.request.Request(server.url + path, deep, {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as error:
+            urllib.request.urlopen(request, timeout=30)
+        assert 400 <= error.value.code < 500, (path, error.value.code)
+    assert "deeper than 64 levels" in json.loads(error.value.read())["error"]["message"]  # the API's, named
 
 
 def test_uploads_are_refused_past_a_few_kilobytes(server):
