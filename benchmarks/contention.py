@@ -36,16 +36,26 @@ SETTINGS = {
     "spin": ({"OMP_WAIT_POLICY": "ACTIVE"}, 2),
     "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, 2),
     "threads1": ({}, 1),
+    "spincount10k": ({"GOMP_SPINCOUNT": "10000"}, 2),
+    "spincount1k": ({"GOMP_SPINCOUNT": "1000"}, 2),
 }
 
 
 def child(backend_key: str, streams: int, tokens: int, threads: int) -> dict:
-    from gpt_serve.generation import SamplingParams, load_backend
-    from gpt_serve.generation.scheduler import Request, Scheduler
+    """One cell, the servers' way: a `ModelRegistry`'s backend and scheduler (PyTorch models load and decode on the
+    process's one shared runner thread)."""
+    import torch
 
-    backend = load_backend("shakespeare", backend_key, threads).backend
-    scheduler = Scheduler(backend, max_batch=streams, max_queue=streams)
+    from gpt_serve.generation import SamplingParams
+    from gpt_serve.generation.registry import ModelRegistry
+    from gpt_serve.generation.scheduler import Request
+    from gpt_serve.models import model_path
+
+    torch.set_num_threads(threads)  # what `gpt-serve serve --threads` sets for the process
+    registry = ModelRegistry({"m": model_path("shakespeare")}, threads=threads, max_batch=streams, max_queue=streams)
     try:
+        registry.backend("m", backend_key)
+        scheduler = registry.scheduler("m", backend_key)
 
         def round_(seed0: int) -> tuple[int, float]:
             requests = [
@@ -59,13 +69,13 @@ def child(backend_key: str, streams: int, tokens: int, threads: int) -> dict:
         round_(1000)  # warm-up
         made, seconds = round_(0)
     finally:
-        scheduler.close()
+        registry.close()
     return {"tokens": made, "seconds": seconds, "tok_s": made / seconds}
 
 
 def run_cell(backend: str, streams: int, tokens: int, setting: str, busy: bool) -> float:
     env_extra, threads = SETTINGS[setting]
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
     env.update(env_extra)
     neighbour = None
     if busy:

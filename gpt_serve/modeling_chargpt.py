@@ -111,7 +111,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hs)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)  # (B, H, S, hs), S = past + T
-        attention = attention_function(self.config, kwargs.get("output_attentions") or self.config.output_attentions)
+        attention = attention_function(self.config, kwargs.get("output_attentions", False))
         dropout = self.dropout if self.training else 0.0
         y, wei = attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs)
         y = y.reshape(B, T, C)  # (B, T, H, hs) -> the heads concatenated: (B, T, C)
@@ -330,13 +330,18 @@ class CharGPTModel(CharGPTPreTrainedModel):
             if checking:
                 self._check_ids(input_ids)
             inputs_embeds = self.token_embedding_table(input_ids)  # (B, T, C)
-        mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            cache=None if fresh else cache,
-            position_ids=position_ids,  # as given: packed sequences show in them
-        )
+        if attention_mask is None and position_ids is None and (fresh or cache is None):
+            mask = None  # plain causal attention over all the positions: every kernel's `is_causal` case
+        else:
+            mask = create_causal_mask(
+                config=self.config,
+                inputs_embeds=inputs_embeds,
+                attention_mask=attention_mask,
+                cache=None if fresh else cache,
+                position_ids=position_ids,  # as given: packed sequences show in them
+            )
+        if "output_attentions" not in kwargs and self.config.output_attentions:
+            kwargs["output_attentions"] = True  # the layers read it from here (the eager kernel returns weights)
         if position_ids is None:
             position_ids = self._positions(padding_mask, cache if not fresh else None, B, T)
         elif checking:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 
 import numpy as np
 import torch
@@ -137,6 +138,63 @@ class KVBuffer(CacheSizes):
         return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
 
 
+class ThreadTuner:
+    """PyTorch's intra-op thread count for decode steps, adapted to the machine as it runs: the count the process
+    was given (`torch.get_num_threads()`) while steps run as they should, one thread for a while after a stall.
+
+    On a quiet machine every thread helps. Beside a busy process, a parallel region now and then waits for a
+    descheduled sibling thread (OpenMP spins, then sleeps): most decode steps still take their usual time, but one
+    in tens takes a scheduler time slice or more (40-130 ms instead of 1-3 ms), and a stream on 2 cores decoded 4-7x
+    slower on 2 threads than on one (`benchmarks/contention.py`, docs/serving.md). So a step `stall_factor` times
+    slower than usual (and at least `stall_floor` seconds) switches to one thread for `hold` steps, then the tuner
+    tries the full count again; each stall that follows doubles the hold (up to `max_hold`), and `hold` good steps
+    in a row at the full count reset it. `torch.set_num_threads` is process-wide: the tuner belongs to the one thread
+    that runs PyTorch (the process's shared runner). Given one thread, it does nothing.
+    """
+
+    def __init__(
+        self, stall_factor: float = 10.0, stall_floor: float = 0.02, hold: int = 1024, max_hold: int = 65536, clock=None
+    ):
+        self.most = self.current = torch.get_num_threads()
+        self.clock = clock or time.perf_counter
+        self.stall_factor, self.stall_floor = stall_factor, stall_floor
+        self.base_hold, self.max_hold = hold, max_hold
+        self.next_hold = hold
+        self.left = 0  # steps still to run on one thread
+        self.typical: float | None = None  # a running mean of a step's seconds at the full count, stalls left out
+        self.good = 0  # steps in a row without a stall at the full count
+        self.stalls = 0  # how many the tuner has seen (for benchmarks and tests)
+
+    def run(self, rows: int, step):
+        """`step()` at the chosen thread count; returns what it returns. (`rows`: the batch size, for the record.)"""
+        if self.most == 1:
+            return step()
+        if self.left > 0:
+            self.left -= 1
+            if self.left == 0:
+                self._use(self.most)  # try the full count again
+            return step()
+        start = self.clock()
+        out = step()
+        seconds = self.clock() - start
+        if self.typical is not None and seconds > max(self.stall_factor * self.typical, self.stall_floor):
+            self.stalls += 1
+            self._use(1)
+            self.left, self.next_hold = self.next_hold, min(2 * self.next_hold, self.max_hold)
+            self.good = 0
+        else:
+            self.typical = seconds if self.typical is None else 0.9 * self.typical + 0.1 * seconds
+            self.good += 1
+            if self.good >= self.base_hold:
+                self.next_hold = self.base_hold
+        return out
+
+    def _use(self, count: int) -> None:
+        if count != self.current:
+            torch.set_num_threads(count)
+            self.current = count
+
+
 class TorchBackend:
     """Runs a `CharGPTForCausalLM` for the engine, with a preallocated `KVBuffer` as the cache.
 
@@ -158,6 +216,7 @@ class TorchBackend:
         self.block_size = config.block_size
         self.vocab_size = config.vocab_size
         self.description = f"the torch backend (PyTorch) of {model.name_or_path or type(model).__name__}"
+        self.tuner: ThreadTuner | None = None  # made on the first decode step, on the thread that decodes
 
     def new_cache(self, batch: int) -> KVBuffer:
         c = self.config
@@ -328,7 +387,10 @@ class TorchDecodeBatch:
         lengths = kv.lengths[:n]
         columns = kv.width - kv.lo + 1
         padding = np.arange(columns)[None, :] < columns - 1 - lengths[:, None]  # (n, columns): each row's left padding
-        logits = self.backend.decode_step(tokens, lengths, padding, kv)
+        backend = self.backend
+        if backend.tuner is None:
+            backend.tuner = ThreadTuner(stall_factor=float("inf") if backend.device.type != "cpu" else 10.0)
+        logits = backend.tuner.run(n, lambda: backend.decode_step(tokens, lengths, padding, kv))
         kv.width += 1
         kv.lengths[:n] += 1
         return logits

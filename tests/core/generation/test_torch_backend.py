@@ -1,0 +1,43 @@
+def test_the_thread_tuner_drops_to_one_thread_after_a_stall_and_tries_again(monkeypatch):
+    """A decode step 10x slower than usual (a descheduled OpenMP thread beside a busy process) switches PyTorch to
+    one thread for a while; the full count comes back after the hold, and a stall then doubles the hold."""
+    import gpt_serve.generation.torch_backend as tb
+
+    counts = []
+    monkeypatch.setattr(tb.torch, "set_num_threads", counts.append)
+    now = [0.0]
+    tuner = tb.ThreadTuner(hold=4, clock=lambda: now[0])
+    tuner.most = tuner.current = 2  # as if the process had 2 threads
+
+    def step(seconds):
+        def run():
+            now[0] += seconds
+            return "logits"
+
+        return tuner.run(1, run)
+
+    for _ in range(10):
+        assert step(0.002) == "logits"
+    assert counts == [] and tuner.current == 2
+    step(0.1)  # a stall
+    assert counts == [1] and tuner.stalls == 1
+    for _ in range(4):
+        step(0.002)
+    assert counts == [1, 2]  # the hold is over: the full count again
+    step(0.1)
+    for _ in range(7):
+        step(0.002)
+    assert counts == [1, 2, 1] and tuner.current == 1  # the second hold is twice as long (8 steps)
+    step(0.002)
+    assert counts == [1, 2, 1, 2]
+    for _ in range(20):
+        step(0.015)  # slower steps below the 20 ms floor are no stall
+    assert tuner.current == 2 and tuner.stalls == 2
+
+
+def test_the_thread_tuner_does_nothing_with_one_thread():
+    import gpt_serve.generation.torch_backend as tb
+
+    tuner = tb.ThreadTuner()
+    assert tuner.most == 1  # the tests run PyTorch on one thread
+    assert tuner.run(1, lambda: 3) == 3 and tuner.current == 1
