@@ -173,3 +173,28 @@ def test_autotokenizer_asks_nothing_of_a_saved_folder(tmp_path, tiny_model_dir):
     assert plain.returncode == 0, plain.stderr
     assert "custom code" not in plain.stdout + plain.stderr
     assert plain.stdout.split("\n")[-2] == "[30, 27, 25, 17, 27]"
+
+
+def test_a_copied_shipped_folder_loads_in_plain_transformers(tmp_path):
+    """The documented route for a shipped (data-only) folder: `gpt-serve copy NAME OUT`, then `trust_remote_code`."""
+    from gpt_serve.cli import main
+    from gpt_serve.models import model_path
+
+    out = tmp_path / "copy"
+    assert main(["copy", "ladder-a", str(out)]) == 0
+    assert {"modeling_chargpt.py", "configuration_chargpt.py", "window.py", "onnx"} <= {p.name for p in out.iterdir()}
+    assert "trust_remote_code=True" in (out / "README.md").read_text()
+    ours = CharGPTForCausalLM.from_pretrained(model_path("ladder-a")).eval()
+    expected = greedy(ours, torch.tensor([[30, 27, 25, 17, 27]]), 12)[0].tolist()
+    result = run_python(
+        PLAIN + "import torch\nfrom transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer\n"
+        f"m = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True).eval()\n"
+        f"t = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)\n"
+        f"body = AutoModel.from_pretrained({str(out)!r}, trust_remote_code=True)\n"
+        "ids = t('ROMEO', return_tensors='pt').input_ids\n"
+        "print(type(body).__name__, m.generate(ids, do_sample=False, max_new_tokens=12)[0].tolist())",
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == f"CharGPTModel {expected}"
+    assert main(["copy", "ladder-a", str(out)]) == 2  # an existing folder is not replaced without --force

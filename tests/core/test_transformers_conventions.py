@@ -39,10 +39,13 @@ def test_inputs_embeds_give_the_same_logits_as_input_ids(tiny_model):
     x = torch.randint(0, 65, (2, 12))
     mask = torch.ones_like(x)
     mask[1, :3] = 0
-    embeds = tiny_model.get_input_embeddings()(x.masked_fill(mask == 0, 0))
+    embeds = tiny_model.get_input_embeddings()(x)  # a valid id at a padded position is embedded as given
     a = tiny_model(input_ids=x, attention_mask=mask, use_cache=False).logits
     b = tiny_model(inputs_embeds=embeds, attention_mask=mask, use_cache=False).logits
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+    pad = torch.full((2, 3), 65)  # the tokenizer's <pad> has no embedding row: embedded as id 0, and masked
+    padded = tiny_model(input_ids=torch.cat([pad, x], 1), attention_mask=torch.cat([pad * 0, mask], 1), use_cache=False)
+    assert torch.isfinite(padded.logits).all()
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
