@@ -55,9 +55,7 @@ def eager_attention(module, query, key, value, attention_mask, scaling, dropout=
     if attention_mask is None and T > 1:
         attention_mask = causal_bias(T, S, query.device, query.dtype)
     elif attention_mask is not None and attention_mask.dtype == torch.bool:
-        attention_mask = torch.zeros_like(attention_mask, dtype=query.dtype).masked_fill(
-            ~attention_mask, torch.finfo(query.dtype).min
-        )
+        attention_mask = additive_mask(attention_mask, query.dtype)
     wei = (query @ key.transpose(-2, -1)) * scaling  # (B, H, T, S): affinities of each query with each key
     if attention_mask is not None:
         wei = wei + attention_mask
@@ -66,8 +64,16 @@ def eager_attention(module, query, key, value, attention_mask, scaling, dropout=
     return y.transpose(1, 2), wei
 
 
+def additive_mask(allowed: torch.Tensor, dtype) -> torch.Tensor:
+    """A boolean mask (True = may attend) as the additive one eager attention adds to its scores: 0 where allowed,
+    the dtype's finite minimum elsewhere (not -inf: a row with every key masked gets a uniform, ignored row, not
+    NaN)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 def causal_bias(T: int, S: int, device, dtype) -> torch.Tensor:
-    """Additive mask (T, S) letting query t (the last T of S positions) see keys 0..S-T+t."""
+    """Additive mask (T, S) letting query t (the last T of S positions) see keys 0..S-T+t. (Built from T and S, not
+    by `additive_mask`, whose zeros take the shape of a tensor: an exported graph would compute it at run time.)"""
     allowed = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
     return torch.zeros(T, S, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
 
@@ -340,8 +346,6 @@ class CharGPTModel(CharGPTPreTrainedModel):
                 cache=None if fresh else cache,
                 position_ids=position_ids,  # as given: packed sequences show in them
             )
-        if "output_attentions" not in kwargs and self.config.output_attentions:
-            kwargs["output_attentions"] = True  # the layers read it from here (the eager kernel returns weights)
         if position_ids is None:
             position_ids = self._positions(padding_mask, cache if not fresh else None, B, T)
         elif checking:
@@ -517,7 +521,6 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
         else:
             window_mask = attention_mask[:, -window:]
         position_ids = (window_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -new:]
-        kwargs.pop("labels", None)
         return super().prepare_inputs_for_generation(
             input_ids,
             next_sequence_length=new,
@@ -544,6 +547,7 @@ __all__ = [
     "CharGPTModel",
     "CharGPTPreTrainedModel",
     "WINDOW_MODES",
+    "additive_mask",
     "attention_function",
     "causal_bias",
     "eager_attention",

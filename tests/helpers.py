@@ -20,9 +20,9 @@ CHROMIUM_FLAGS = [
 
 
 @contextlib.contextmanager
-def serving(app):
+def serving(app, prepare=None):
     """Serves the ASGI `app` with uvicorn on a thread, on a free port of 127.0.0.1, for as long as the block runs;
-    yields its URL."""
+    yields its URL. `prepare(server)`, if given, is called on the `uvicorn.Server` before it starts."""
     import socket
     import threading
 
@@ -32,6 +32,8 @@ def serving(app):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    if prepare is not None:
+        prepare(server)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     assert wait_until(lambda: server.started, timeout=30)

@@ -22,7 +22,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from gpt_serve.modeling_chargpt import causal_bias
+from gpt_serve.modeling_chargpt import additive_mask, causal_bias
 
 CPU_ATTENTION = "chargpt_cpu_dropout"
 
@@ -95,9 +95,7 @@ def attention_with_dropout(q, k, v, attn_mask, is_causal: bool, p: float, scale:
     B, H, T, hs = q.shape
     S = k.shape[2]
     if attn_mask is not None and attn_mask.dtype == torch.bool:
-        attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(
-            ~attn_mask, torch.finfo(q.dtype).min
-        )
+        attn_mask = additive_mask(attn_mask, q.dtype)
     if is_causal:
         bias = causal_bias(T, S, q.device, q.dtype)
     elif attn_mask is not None:

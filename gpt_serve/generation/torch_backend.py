@@ -165,8 +165,8 @@ class ThreadTuner:
         self.good = 0  # steps in a row without a stall at the full count
         self.stalls = 0  # how many the tuner has seen (for benchmarks and tests)
 
-    def run(self, rows: int, step):
-        """`step()` at the chosen thread count; returns what it returns. (`rows`: the batch size, for the record.)"""
+    def run(self, step):
+        """`step()` at the chosen thread count; returns what it returns."""
         if self.most == 1:
             return step()
         if self.left > 0:
@@ -390,7 +390,7 @@ class TorchDecodeBatch:
         backend = self.backend
         if backend.tuner is None:
             backend.tuner = ThreadTuner(stall_factor=float("inf") if backend.device.type != "cpu" else 10.0)
-        logits = backend.tuner.run(n, lambda: backend.decode_step(tokens, lengths, padding, kv))
+        logits = backend.tuner.run(lambda: backend.decode_step(tokens, lengths, padding, kv))
         kv.width += 1
         kv.lengths[:n] += 1
         return logits

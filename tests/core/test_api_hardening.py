@@ -4,7 +4,6 @@ header and body timeouts, the shutdown deadline (`gpt_serve.api_limits`), and th
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
@@ -22,30 +21,18 @@ from gpt_serve.api_limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, ServerLimits, c
 from gpt_serve.cli import main
 from gpt_serve.generation.registry import ModelRegistry
 from tests.core.test_api import free_port
-from tests.helpers import wait_until
+from tests.helpers import serving, wait_until
 
 TIMEOUT = 1.0  # the test servers' header and body timeouts, seconds
 
 
-@contextlib.contextmanager
 def running(registry, limits: ServerLimits):
     """`create_app(registry)` served by uvicorn on 127.0.0.1 in a thread, with the header watchdog; yields its URL."""
-    import uvicorn
-
     from gpt_serve.api import create_app
 
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(registry, limits=limits), host="127.0.0.1", port=free_port(), log_level="warning")
+    return serving(
+        create_app(registry, limits=limits), lambda server: close_slow_headers(server, limits.header_timeout)
     )
-    close_slow_headers(server, limits.header_timeout)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    assert wait_until(lambda: server.started, timeout=30)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ def test_the_thread_tuner_drops_to_one_thread_after_a_stall_and_tries_again(monk
             now[0] += seconds
             return "logits"
 
-        return tuner.run(1, run)
+        return tuner.run(run)
 
     for _ in range(10):
         assert step(0.002) == "logits"
@@ -40,4 +40,4 @@ def test_the_thread_tuner_does_nothing_with_one_thread():
 
     tuner = tb.ThreadTuner()
     assert tuner.most == 1  # the tests run PyTorch on one thread
-    assert tuner.run(1, lambda: 3) == 3 and tuner.current == 1
+    assert tuner.run(lambda: 3) == 3 and tuner.current == 1
