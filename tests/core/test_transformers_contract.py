@@ -198,3 +198,31 @@ def test_a_copied_shipped_folder_loads_in_plain_transformers(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == f"CharGPTModel {expected}"
     assert main(["copy", "ladder-a", str(out)]) == 2  # an existing folder is not replaced without --force
+
+
+def test_importing_the_model_module_registers_the_auto_classes_and_the_config_names_its_special_ids(tmp_path):
+    """As for transformers' own models: the module's classes are the Auto classes' as soon as it is imported; and the
+    config declares bos/eos/pad (None: no such characters), which transformers 5's generation code reads."""
+    result = run_python(
+        "import gpt_serve.modeling_chargpt\nfrom transformers import AutoModel, AutoModelForCausalLM\n"
+        "from gpt_serve.configuration_chargpt import CharGPTConfig\n"
+        "c = CharGPTConfig(n_embd=32, n_head=4, n_layer=1)\n"
+        "print(type(AutoModelForCausalLM.from_config(c)).__name__, type(AutoModel.from_config(c)).__name__, "
+        "c.bos_token_id, c.eos_token_id, c.pad_token_id)",
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["CharGPTForCausalLM", "CharGPTModel", "None", "None", "None"]
+
+
+def test_output_attentions_set_in_the_config_gives_the_weights(model):
+    """transformers allows `config.output_attentions` with the eager kernel only (SDPA computes no weights)."""
+    x = torch.randint(0, V, (1, 6))
+    model.set_attn_implementation("eager")
+    model.config.output_attentions = True
+    try:
+        attentions = model(x, use_cache=False).attentions
+    finally:
+        model.config.output_attentions = False
+        model.set_attn_implementation("sdpa")
+    assert len(attentions) == model.config.n_layer and all(a.shape == (1, 4, 6, 6) for a in attentions)
