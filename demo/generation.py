@@ -217,8 +217,9 @@ def stream_progress(
     rather than as each token comes (a stream shown at that pace needs no more), and only the state after the last
     of it is yielded.
 
-    `should_stop` is polled before the first token and after every piece; once it returns True the stream ends
-    (the last `Progress` has `stopped=True`) and no further forward pass runs.
+    `should_stop` is polled before the first token and after every state yielded; once it returns True the stream
+    ends with the text shown so far (the last `Progress` has `stopped=True`, whatever the loop made meanwhile) and no
+    further forward pass runs.
     """
     start = clock()
     pace = pacer(poll_interval)
@@ -227,7 +228,7 @@ def stream_progress(
     block_size = loaded.block_size
     activity = activity or Activity()
     activity.begin()
-    first_at, now, stopped, text = None, start, False, None
+    first_at, now, stopped, text, shown = None, start, False, None, 0
     try:
         yield Progress(prompt, "", 0, None, clock() - start, 0.0, block_size=block_size)
         stopped = should_stop is not None and should_stop()
@@ -246,13 +247,16 @@ def stream_progress(
                 first_at = now if first_at is None else first_at
                 activity.token(len(piece) if pause > 0 else 1)
                 ttft, elapsed, decode = first_at - start, now - start, now - first_at
+                shown = end
                 yield Progress(prompt, text.text[:end], end, ttft, elapsed, decode, block_size=block_size)
-            stopped = should_stop is not None and should_stop()
+                stopped = should_stop is not None and should_stop()
+                if stopped:  # the piece's later tokens were made meanwhile, never shown: the text ends here
+                    break
             if not stopped and pause > 0:
                 text.wait(pause)  # let tokens pile up (one wake-up per interval, not per token), or end at once
         ttft = None if first_at is None else first_at - start
         decode = now - (first_at or now)
-        final = text.text if text is not None else ""
+        final = "" if text is None else text.text[:shown] if stopped else text.text
         yield Progress(
             prompt, final, len(final), ttft, clock() - start, decode, done=True, stopped=stopped, block_size=block_size
         )
