@@ -80,8 +80,8 @@ def card_section(report: ExportReport, command: str) -> str:
     rows = ", ".join(map(str, p.batch_lengths)) if p is not None else ""
     steps = p.decode_steps if p is not None else 0
     parity = (
-        f"- ONNX Runtime vs PyTorch ({graphs}): logits and caches within {report.atol:.0e} (a left-padded batch of rows "
-        f"{rows}, then {steps} decode steps; the in-place graph with each row prefilled alone): passed."
+        f"- ONNX Runtime vs PyTorch ({graphs}): logits and caches within {report.atol:.0e} (a left-padded batch of "
+        f"rows {rows}, then {steps} decode steps; the in-place graph with each row prefilled alone): passed."
     )
     if report.int8_inplace_vs_int8 is not None:
         parity += (
