@@ -24,29 +24,15 @@ import json
 import re
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
 from .api_protocol import APIError, error_body
+from .server_limits import BODY_TIMEOUT, MAX_BODY_BYTES, ServerLimits  # the bounds' numbers (standard library only)
 
-MAX_BODY_BYTES = 1 << 20  # 16 prompts of 10,000 characters (the specification's limits) written as \\uXXXX escapes
 MAX_JSON_DEPTH = 64  # the deepest body the API reads is 3 levels (a list of token-id prompts, chat messages)
-HEADER_TIMEOUT = 10.0
-BODY_TIMEOUT = 30.0
-SHUTDOWN_TIMEOUT = 10.0
 SHUTDOWN_GRACE = 2.0  # after the cut, for the streams' last chunks to leave
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """A server's bounds (see the module docstring); the defaults are `gpt-serve serve`'s and the demo's."""
-
-    max_body_bytes: int = MAX_BODY_BYTES
-    body_timeout: float = BODY_TIMEOUT
-    header_timeout: float = HEADER_TIMEOUT
-    shutdown_timeout: float = SHUTDOWN_TIMEOUT
 
 
 async def _refuse(send, status: int, message: str) -> None:

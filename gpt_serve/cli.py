@@ -14,7 +14,9 @@
 `generate`, `models`, `serve`, `import` and `record-vocab` are the library's own. The other subcommands are the
 applications, which the library never imports: each registers itself as an entry point of the `gpt_serve.commands`
 group (see pyproject.toml), and only the one asked for is loaded, so `generate --backend onnx` never imports torch.
-`import` runs the `export` application the same way on the folder it wrote.
+`import` runs the `export` application the same way on the folder it wrote. Every command imports what it needs when
+it runs (`generate --backend onnx` and `models`: numpy and onnxruntime alone); one that cannot import a dependency
+prints one line naming the extra to install (`missing_dependency`) and exits 2.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ import sys
 import time
 from importlib.metadata import EntryPoint, entry_points
 
-from . import api_limits
+from .extras import MissingDependency, missing_base, missing_extra
 from .generation import BACKENDS, WINDOW_MODES, EngineError, load_backend, parse_request
 from .generation.engine import inline_scheduler
 from .generation.spec import FIELDS_BY_NAME, MAX_NEW_TOKENS
 from .generation.text import TextStream
 from .generation.threads import check_threads
 from .models import DEFAULT_MODEL
+from .server_limits import ServerLimits
 from .vocab import UNK_POLICIES
 
 COMMANDS_GROUP = "gpt_serve.commands"
@@ -46,7 +49,11 @@ COMMAND_HELP = {
     "demo": "launch the Gradio web demo",
 }
 PORT_HINT = "another server holds the port? choose another with --port N"  # `gpt-serve serve`, with or without Ray
-EXTRAS = {"train": "train", "ladder": "train", "export": "export", "demo": "demo"}
+# The extra each command needs beyond gpt-serve's own dependencies (numpy, torch, transformers, safetensors); the
+# others need only those, or less (`generate --backend onnx` and `models`: numpy and onnxruntime)
+EXTRAS = {
+    "train": "train", "ladder": "train", "export": "export", "demo": "demo", "serve": "serve", "serve --ray": "ray",
+}  # fmt: skip
 
 
 def quiet_model_loading(show: bool = False) -> None:
@@ -124,8 +131,8 @@ LIMIT_FLAGS = {  # flag: (ServerLimits field, argparse type, help)
 
 
 def add_limit_arguments(parser) -> None:
-    """The server's bounds (`gpt_serve.api_limits.ServerLimits`), the same for `gpt-serve serve` and the demo."""
-    defaults = api_limits.ServerLimits()
+    """The server's bounds (`gpt_serve.server_limits.ServerLimits`), the same for `gpt-serve serve` and the demo."""
+    defaults = ServerLimits()
     for flag, (field, kind, text) in LIMIT_FLAGS.items():
         parser.add_argument(
             flag,
@@ -135,10 +142,10 @@ def add_limit_arguments(parser) -> None:
         )
 
 
-def server_limits(args) -> api_limits.ServerLimits:
+def server_limits(args) -> ServerLimits:
     """The `ServerLimits` of the flags of `add_limit_arguments` (a flag left out: the default)."""
     given = {field: getattr(args, field) for field, _, _ in LIMIT_FLAGS.values() if hasattr(args, field)}
-    return api_limits.ServerLimits(**given)
+    return ServerLimits(**given)
 
 
 def api_options(args) -> dict:
@@ -202,18 +209,24 @@ def app_commands() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=COMMANDS_GROUP)}
 
 
+def missing_dependency(command: str, error: ImportError) -> str:
+    """The one line `gpt-serve COMMAND` prints when an import fails: an error that already says what to install (a
+    `MissingDependency`, e.g. the torch backend's) as it is, else the extra the command needs (`EXTRAS`; none:
+    gpt-serve's own dependencies, which `pip install --no-deps` leaves out)."""
+    if isinstance(error, MissingDependency):
+        return f"gpt-serve {command}: {error}"
+    if not error.name or error.name.split(".")[0].startswith("gpt_serve"):  # not a dependency: gpt-serve's own
+        return f"gpt-serve {command}: error: {error}"
+    what, extra = f"gpt-serve {command}", EXTRAS.get(command)
+    return str(missing_extra(what, extra, error) if extra else missing_base(what, error))
+
+
 def _run_app(entry: EntryPoint, argv: list[str]) -> int:
-    try:
-        main = entry.load()
-    except ImportError as e:  # e.g. a torch-free install (`pip install --no-deps`) running `gpt-serve train`
-        extra = EXTRAS.get(entry.name, entry.name)
-        print(
-            f"gpt-serve {entry.name}: cannot import {e.name or 'a dependency'} ({e}); this command needs "
-            f"gpt-serve's {extra!r} extra: pip install 'gpt-serve[{extra}]'",
-            file=sys.stderr,
-        )
+    try:  # the app's module, then what it imports as it runs: e.g. a torch-free install running `gpt-serve train`
+        return entry.load()(argv)
+    except ImportError as e:
+        print(missing_dependency(entry.name, e), file=sys.stderr)
         return 2
-    return main(argv)
 
 
 # `gpt-serve generate`'s flags that are fields of the request specification (`--max-new-tokens` is max_new_tokens)
@@ -260,11 +273,8 @@ def _serve(args: argparse.Namespace) -> int:
     given = [flag for flag, value in ray_only.items() if value is not None]
     if given:
         raise ValueError(f"only with --ray: {', '.join(given)}")
-    try:
-        from .api import create_app
-    except ImportError as e:
-        print(f"gpt-serve serve: cannot import {e.name} ({e}); pip install 'gpt-serve[serve]'", file=sys.stderr)
-        return 2
+    from .api import create_app  # fastapi: the `serve` extra (a message, not a traceback: `main`)
+    from .api_limits import run_server
     from .generation.registry import ModelRegistry
 
     check_port_free(args.host, args.port, PORT_HINT)
@@ -281,7 +291,7 @@ def _serve(args: argparse.Namespace) -> int:
         registry, default_backend=args.backend, max_tokens_limit=args.max_tokens_limit, limits=limits, **options
     )
     print(f"gpt-serve serve: models {registry.available} on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    api_limits.run_server(app, args.host, args.port, args.log_level, limits, app.state.drain)
+    run_server(app, args.host, args.port, args.log_level, limits, app.state.drain)
     return 0
 
 
@@ -291,13 +301,9 @@ def _serve_ray(args: argparse.Namespace) -> int:
     not_with_ray = [f for f in ("--header-timeout", "--shutdown-timeout") if hasattr(args, LIMIT_FLAGS[f][0])]
     if not_with_ray:  # Ray's proxy holds the connections, and the replicas' shutdown is Ray's
         raise ValueError(f"not with --ray: {', '.join(not_with_ray)}")
-    try:
-        from .ray_serve import RayServeOptions, require_ray, serving
+    from .ray_serve import RayServeOptions, require_ray, serving  # the `ray` extra (a message: `main`)
 
-        require_ray()
-    except ImportError as e:
-        print(f"gpt-serve serve --ray: cannot import {e.name or e}; pip install 'gpt-serve[ray]'", file=sys.stderr)
-        return 2
+    require_ray()  # before anything starts
     limits = server_limits(args)
     options = RayServeOptions(
         replicas=args.replicas or 1,
@@ -566,7 +572,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet_model_loading(getattr(args, "verbose", False) or getattr(args, "progress", False))
     try:
         return args.func(args)
-    except (ValueError, TypeError, OSError, ImportError, EngineError) as e:  # OSError: missing or unreadable files
+    except ImportError as e:  # a dependency the command needs is not installed: what to install, never a traceback
+        print(missing_dependency("serve --ray" if getattr(args, "ray", False) else args.command, e), file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, OSError, EngineError) as e:  # OSError: missing or unreadable files
         print(f"gpt-serve: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .api_limits import BODY_TIMEOUT, MAX_BODY_BYTES, ServerLimits
+from .extras import missing_extra
 from .generation.loading import check_backend_key
 from .generation.registry import ModelRegistry
 from .generation.spec import MAX_NEW_TOKENS
 from .models import MODELS_DIR, discover
+from .server_limits import BODY_TIMEOUT, MAX_BODY_BYTES, ServerLimits
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from ray.serve import Application
 
 APP_NAME = "gpt-serve"
-INSTALL_HINT = "pip install 'gpt-serve[ray]'"
 
 
 class RayServeOptions(BaseModel):
@@ -84,12 +84,12 @@ class RayServeOptions(BaseModel):
 
 
 def require_ray():
-    """(ray, ray.serve); an ImportError naming the `ray` extra when Ray Serve is not installed."""
+    """(ray, ray.serve); a `MissingDependency` naming the `ray` extra when Ray Serve is not installed."""
     try:
         import ray
         from ray import serve
     except ImportError as e:
-        raise ImportError(f"Ray Serve is not installed ({e}); {INSTALL_HINT}", name=e.name) from None
+        raise missing_extra("Ray Serve", "ray", e) from None
     return ray, serve
 
 

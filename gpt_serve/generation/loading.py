@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..extras import MissingDependency, missing_extra
 from ..models import WEIGHTS_FILE_NAME, model_path, read_config
 from ..vocab import FAST_TOKENIZER_FILE_NAME, VOCAB_FILE_NAME, CharVocab
 from .backend import Backend
@@ -70,7 +71,8 @@ def load_backend(
         ValueError: an unknown model or backend, or a folder whose files are missing, corrupt or do not match
             each other (the message names the file and what is wrong).
         FileNotFoundError: a file the backend needs is missing (the message says how to make it).
-        ModuleNotFoundError: the backend's runtime is not installed (the message says what to install).
+        MissingDependency: the backend's runtime is not installed (a ModuleNotFoundError; the message says what
+            to install).
     """
     start = time.perf_counter()
     key = check_backend_key(backend)
@@ -82,8 +84,10 @@ def load_backend(
     if key == "torch":
         runner = _torch_backend(folder, threads)
     else:
-        from .onnx_backend import OnnxBackend
-
+        try:
+            from .onnx_backend import OnnxBackend
+        except ImportError as e:  # numpy and onnxruntime: the `onnx` extra
+            raise missing_extra(f"the {key} backend", "onnx", e) from None
         runner = OnnxBackend(folder, quantized=key == "onnx-int8", threads=threads)
     return LoadedModel(folder, key, runner, vocab, time.perf_counter() - start)
 
@@ -142,7 +146,7 @@ def _torch_backend(folder: Path, threads: int | None):
         from .. import CharGPTForCausalLM
         from .torch_backend import TorchBackend
     except ImportError as e:  # a torch-free install: numpy + onnxruntime and the package without dependencies
-        raise ModuleNotFoundError(
+        raise MissingDependency(
             f"the torch backend needs PyTorch and transformers ({e}): pip install torch transformers, or use the "
             f"'onnx' or 'onnx-int8' backend",
             name=e.name,

@@ -101,7 +101,9 @@ def test_ray_options_are_usage_errors_without_ray_or_out_of_range(capsys):
 def test_ray_not_installed_names_the_extra(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
     assert main(["serve", "--ray"]) == 2
-    assert "cannot import ray; pip install 'gpt-serve[ray]'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "needs the 'ray' extra (cannot import ray): pip install 'gpt-serve[ray]'" in err
+    assert len(err.splitlines()) == 1, err
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""The ONNX Runtime path works where torch, transformers and onnx cannot be imported."""
+"""The ONNX Runtime path works where torch, transformers and onnx cannot be imported (nor the server's and the
+demo's packages: `gpt-serve generate --backend onnx` needs numpy and onnxruntime alone)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from gpt_serve.generation.sampling import SamplingParams
 from gpt_serve.generation.torch_backend import TorchBackend
 from tests.conftest import make_tiny_model
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the repository: its gpt_serve, not an installed one
 
 SCRIPT = textwrap.dedent(
     """
     import json, sys
 
-    BLOCKED = ("torch", "transformers", "onnx", "onnxscript", "safetensors")
+    BLOCKED = ("torch", "transformers", "onnx", "onnxscript", "safetensors") + ("anyio", "fastapi", "starlette",
+               "uvicorn", "pydantic", "prometheus_client", "gradio", "ray")
 
 
     class BlockHeavyImports:  # a meta path finder: importing a blocked package fails, as if it were not installed
@@ -90,15 +92,16 @@ FULL_ENV_SCRIPT = textwrap.dedent(
     text = generate_text(loaded.backend, loaded.vocab, "ROMEO:", 20, SamplingParams(0.8), seed=3)
     with contextlib.redirect_stdout(io.StringIO()) as out:
         code = main(["generate", sys.argv[1], "--backend", "onnx", "--max-new-tokens", "10", "--threads", "1"])
-    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
+    heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "transformers", "anyio", "fastapi", "gradio"})
     print(json.dumps({"text": text, "cli": [code, out.getvalue()], "loaded": heavy}))
     """
 )
 
 
 def test_the_onnx_path_stays_torch_free_where_torch_is_installed(exported_dir, tmp_path):
-    """In the full environment (torch and transformers importable), neither is imported by the ONNX path."""
-    result = run_script(FULL_ENV_SCRIPT, exported_dir, tmp_path, tmp_path)
+    """In the full environment (torch and transformers importable), neither is imported by the ONNX path, nor is a
+    server's or the demo's package by `gpt-serve generate --backend onnx`."""
+    result = run_script(FULL_ENV_SCRIPT, exported_dir, tmp_path, tmp_path, PYTHONPATH=str(ROOT))
     assert result["loaded"] == []
     assert len(result["text"]) == 20
     code, printed = result["cli"]

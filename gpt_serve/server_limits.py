@@ -1,0 +1,22 @@
+"""The numbers that bound every HTTP server of gpt-serve (`ServerLimits`), apart from the code that enforces them
+(`gpt_serve.api_limits`, which needs the `serve` extra): the CLI shows them in every command's parser, so they
+import nothing but the standard library."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_BODY_BYTES = 1 << 20  # 16 prompts of 10,000 characters (the specification's limits) written as \\uXXXX escapes
+HEADER_TIMEOUT = 10.0
+BODY_TIMEOUT = 30.0
+SHUTDOWN_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """A server's bounds (see `gpt_serve.api_limits`); the defaults are `gpt-serve serve`'s and the demo's."""
+
+    max_body_bytes: int = MAX_BODY_BYTES
+    body_timeout: float = BODY_TIMEOUT
+    header_timeout: float = HEADER_TIMEOUT
+    shutdown_timeout: float = SHUTDOWN_TIMEOUT
