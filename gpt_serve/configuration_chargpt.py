@@ -87,12 +87,15 @@ class CharGPTConfig(PretrainedConfig):
 
     model_type = "chargpt"
     # No `max_position_embeddings` alias for `block_size`: it is the window, not a length limit (generation slides
-    # past it), and transformers would warn at every generation longer than it.
+    # past it), and transformers would cap and warn at every generation longer than it. `n_positions` (GPT-2's name
+    # for its learned positions) is read by no generation code of transformers; vLLM takes it as the longest
+    # sequence (`max_model_len`), since it does not slide.
     attribute_map = {
         "hidden_size": "n_embd",
         "num_attention_heads": "n_head",
         "num_hidden_layers": "n_layer",
         "hidden_act": "activation",
+        "n_positions": "block_size",
     }
 
     def __init__(

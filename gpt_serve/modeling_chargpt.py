@@ -78,14 +78,6 @@ def causal_bias(T: int, S: int, device, dtype) -> torch.Tensor:
     return torch.zeros(T, S, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-def attention_function(config: CharGPTConfig, output_attentions: bool = False):
-    """The attention kernel `config._attn_implementation` names in transformers' registry (`"sdpa"` by default,
-    `"eager"` is `eager_attention`). The weights themselves are only written out by the eager kernel, so
-    `output_attentions` takes it."""
-    implementation = "eager" if output_attentions else config._attn_implementation
-    return ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention)
-
-
 class CausalSelfAttention(nn.Module):
     """Communication: `n_head` causal self-attention heads, concatenated, then an output projection.
 
@@ -117,9 +109,14 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hs)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)  # (B, H, S, hs), S = past + T
-        attention = attention_function(self.config, kwargs.get("output_attentions", False))
+        # The kernel `config._attn_implementation` names in transformers' registry ("sdpa" by default, "eager" is
+        # `eager_attention`; only eager writes out the weights, so `output_attentions` takes it). Looked up and
+        # called here, in transformers' own words: vLLM's Transformers backend finds the attention layers by reading
+        # this source for one `ALL_ATTENTION_FUNCTIONS` lookup called once, with `scaling=self.<attribute>`.
+        implementation = "eager" if kwargs.get("output_attentions", False) else self.config._attn_implementation
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention)
         dropout = self.dropout if self.training else 0.0
-        y, wei = attention(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs)
+        y, wei = attention_interface(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs)
         y = y.reshape(B, T, C)  # (B, T, H, hs) -> the heads concatenated: (B, T, C)
         return self.resid_dropout(self.proj(y)), wei
 
@@ -548,7 +545,6 @@ __all__ = [
     "CharGPTPreTrainedModel",
     "WINDOW_MODES",
     "additive_mask",
-    "attention_function",
     "causal_bias",
     "eager_attention",
     "upgrade_state_dict",

@@ -205,3 +205,29 @@ def test_the_lm_eval_check_builds_a_task_of_true_and_false_continuations(corpus,
 def test_finite_weights_benchmark():
     out = run_script("finite_weights.py", "--repeats", "1", "--n-embd", "32")
     assert "custom:" in out and "check_finite_weights" in out
+
+
+@pytest.mark.slow
+def test_peers_benchmark_runs_our_engines_and_transformers_continuous_batching():
+    out = run_script(
+        "peers.py",
+        *("--model", "ladder-a", "--engines", "torch", "onnx-int8", "hf-cb", "hf-cb-gpt2", "--streams", "2"),
+        *("--tokens", "2", "--rounds", "1", "--threads", "1"),
+    )
+    for engine in ("torch", "onnx-int8", "hf-cb", "hf-cb-gpt2"):
+        assert f"| {engine} | 2 | " in out and f"| {engine} | 2 | failed" not in out, out
+    assert out.count("| 4 |") == 4  # 2 streams of 2 tokens, every engine
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_peers_benchmark_runs_vllm():
+    from vllm_venv import python_or_skip
+
+    python_or_skip()
+    out = run_script(
+        "peers.py",
+        *("--model", "ladder-a", "--engines", "vllm-eager", "--streams", "2", "--tokens", "2", "--rounds", "1"),
+        *("--threads", "1"),
+    )
+    assert "| vllm-eager | 2 | " in out and "failed" not in out and "| 4 |" in out, out

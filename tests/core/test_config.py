@@ -9,8 +9,11 @@ def test_attribute_map_gives_standard_names():
     cfg = CharGPTConfig(block_size=64, n_embd=48, n_head=3, n_layer=2)
     assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers) == (48, 3, 2)
     assert cfg.head_size == 16
-    # block_size is the window, not a length limit: no max_position_embeddings for transformers to warn about
+    # block_size is the window, not a length limit: no max_position_embeddings for transformers to warn about; vLLM
+    # (which does not slide) reads GPT-2's n_positions as its longest sequence, and config.json keeps block_size only
     assert not hasattr(cfg, "max_position_embeddings")
+    assert cfg.n_positions == 64 and "n_positions" not in cfg.to_dict()
+    assert CharGPTConfig(n_positions=32).block_size == 32
 
 
 def test_vocab_sha256_is_checked():

