@@ -59,7 +59,6 @@ from .api_protocol import (
     require_model,
     usage,
 )
-from .generation.logprobs import prompt_logprobs
 from .generation.registry import ModelRegistry, ModelUnavailable
 from .generation.requests import EngineError, ServerBusy
 from .generation.spec import RequestError, check_value, show_value
@@ -224,28 +223,31 @@ def create_router(
             job = parse(await body_of(http), registry, default_backend, max_tokens_limit)
             if drain.closing:
                 raise APIError(503, "the server is shutting down", None, "server_error")
-            choices = await anyio.to_thread.run_sync(_start, registry, job, metrics, drain)
+            choices = await anyio.to_thread.run_sync(_start_or_refusal, registry, job, metrics, drain)
+            if isinstance(choices, APIError):
+                raise choices
+            scorings = _score(registry, job, choices)
         except APIError as e:
             return error_response(e)
         cid = f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{secrets.token_hex(12)}"
         if job.stream:
             events = _events(job, choices, cid, int(time.time()), drain)
             return StreamingResponse(events, media_type="text/event-stream")
-        # a client that leaves frees its rows at once, whether it streams or not
-        watcher = asyncio.ensure_future(_cancel_on_disconnect(http, choices))
+        # a client that leaves frees its rows and stops its prompts' scoring at once, whether it streams or not
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(http, [*choices, *scorings]))
         try:
             for choice in choices:
                 while not choice.text.done:
                     await choice.take()
+            echoed = [await s.aresult() if s is not None else None for s in scorings] if job.echo else None
         except EngineError as e:
             return error_response(model_failure(e))
         finally:
             watcher.cancel()
             _end(choices, drain)
-        try:
-            echoed = await anyio.to_thread.run_sync(_echo, registry, job, choices) if job.echo else None
-        except APIError as e:
-            return error_response(e)
+            for scoring in scorings:
+                if scoring is not None:
+                    scoring.cancel()  # a no-op once done
         return answer(job, choices, cid, echoed)
 
     @router.post("/v1/completions")
@@ -312,7 +314,7 @@ def _start(registry: ModelRegistry, job: Job, metrics: Metrics, drain: Drain) ->
             for j in range(job.best_of):
                 index = i * job.best_of + j
                 try:
-                    text = TextStream(scheduler, loaded.vocab, dataclasses.replace(request, prompt=prompt), index)
+                    text = TextStream(scheduler, loaded.vocab, request, index, prompt=prompt)
                 except ServerBusy as e:
                     raise APIError(429, str(e), None, "server_busy") from None
                 except RequestError as e:
@@ -326,6 +328,17 @@ def _start(registry: ModelRegistry, job: Job, metrics: Metrics, drain: Drain) ->
     return choices
 
 
+def _start_or_refusal(registry: ModelRegistry, job: Job, metrics: Metrics, drain: Drain) -> list[_Choice] | APIError:
+    """`_start`, with its refusal returned bare instead of raised: an exception that crosses anyio's worker thread
+    sits in a reference cycle (its future, its traceback, their frames) until the garbage collector runs, and with
+    it every local of those frames (a refused 20 MB prompt among them)."""
+    try:
+        return _start(registry, job, metrics, drain)
+    except APIError as e:
+        e.__context__ = None  # the RequestError it came from, and that one's frames
+        return e.with_traceback(None)
+
+
 def _end(choices: list[_Choice], drain: Drain) -> None:
     """The choices' rows freed (a no-op for those that ended) and forgotten by `drain`."""
     for choice in choices:
@@ -333,23 +346,35 @@ def _end(choices: list[_Choice], drain: Drain) -> None:
         drain.open.discard(choice.text)
 
 
-async def _cancel_on_disconnect(http: Request, choices: list[_Choice]) -> None:
-    """Waits for the client to leave (once the body is read, `receive` has nothing else to say), then cancels."""
+async def _cancel_on_disconnect(http: Request, work: list) -> None:
+    """Waits for the client to leave (once the body is read, `receive` has nothing else to say), then cancels
+    `work` (choices and scorings)."""
     while (await http.receive())["type"] != "http.disconnect":
         pass
-    for choice in choices:
-        choice.text.cancel()
+    for item in work:
+        if item is not None:
+            (item.text if isinstance(item, _Choice) else item).cancel()
 
 
-def _echo(registry: ModelRegistry, job: Job, choices: list[_Choice]) -> list:
-    """Per prompt, its own logprobs (OpenAI's echo): computed on the loop's thread, between decode steps."""
+def _score(registry: ModelRegistry, job: Job, choices: list[_Choice]) -> list:
+    """Per prompt, the scheduled scoring of its own tokens (OpenAI's echo with logprobs), None where there is
+    nothing to score (no echo of logprobs, or a stream): chunks between decode steps, beside the generation."""
+    if not job.echo or job.stream:
+        return []
+    if job.logprobs is None:
+        return [None] * (len(choices) // job.best_of)
     scheduler = registry.scheduler(job.model, job.backend)
-    top = job.logprobs or 0
-    out = []
-    for k in range(0, len(choices), job.best_of):
-        ids = choices[k].text.prompt_ids
-        out.append(scheduler.call(prompt_logprobs, scheduler.backend, ids, top) if job.logprobs is not None else None)
-    return out
+    scorings = []
+    try:
+        for k in range(0, len(choices), job.best_of):
+            scorings.append(scheduler.score(choices[k].text.prompt_ids, job.logprobs))
+    except ServerBusy as e:
+        for scoring in scorings:
+            scoring.cancel()
+        for choice in choices:
+            choice.text.cancel()
+        raise APIError(429, str(e), None, "server_busy") from None
+    return scorings
 
 
 async def _events(job: Job, choices: list[_Choice], cid: str, created: int, drain: Drain) -> AsyncIterator[str]:

@@ -23,6 +23,9 @@ class DecodeBatch(Protocol):
         """Prefills `ids` (a window: positions 0..len-1) as a new last row; returns the logits (V,) of its last
         position."""
 
+    def add_rows(self, windows: Sequence[Sequence[int]]) -> np.ndarray:
+        """Prefills windows of one length together as new last rows (in order); returns their logits (rows, V)."""
+
     def remove(self, row: int) -> None: ...
 
     def step(self, tokens: np.ndarray) -> np.ndarray:

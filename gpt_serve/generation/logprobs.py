@@ -9,7 +9,7 @@ OpenAI answers).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -26,17 +26,30 @@ def entry(lp: np.ndarray, token: int, top_n: int) -> tuple[float, list[tuple[int
 
 def prompt_logprobs(backend, ids: Sequence[int], top_n: int) -> list:
     """One entry per prompt token: None for the first, else `entry(...)` (see the module docstring)."""
+    out: list = []
+    for _ in scoring_chunks(backend, ids, top_n, out):
+        pass
+    return out
+
+
+def scoring_chunks(
+    backend, ids: Sequence[int], top_n: int, out: list, windows: int = WINDOWS_PER_CALL
+) -> Iterator[int]:
+    """`prompt_logprobs` in chunks: each `next()` runs one forward pass (the first window's, or up to `windows`
+    later windows together), appends its entries to `out`, and yields how many tokens that forward read. What the
+    scheduler runs between decode steps (`Scheduler.score`), so that scoring a long prompt shares the machine."""
     ids = [int(t) for t in ids]
     block = backend.block_size
-    out: list = [None]
+    out.append(None)
     first = ids[:block]
     if len(first) > 1:
         lps = log_softmax(backend.sequence_logits(np.asarray(first, dtype=np.int64)))  # (T, V)
         out += [entry(lps[i - 1], ids[i], top_n) for i in range(1, len(first))]
+        yield len(first)
     later = list(range(block, len(ids)))  # token i read after the window ids[i - block : i]
-    for start in range(0, len(later), WINDOWS_PER_CALL):
-        chunk = later[start : start + WINDOWS_PER_CALL]
-        windows = np.asarray([ids[i - block : i] for i in chunk], dtype=np.int64)
-        lps = log_softmax(backend.window_logits(windows))
+    for start in range(0, len(later), windows):
+        chunk = later[start : start + windows]
+        batch = np.asarray([ids[i - block : i] for i in chunk], dtype=np.int64)  # (k, block)
+        lps = log_softmax(backend.window_logits(batch))
         out += [entry(lps[k], ids[i], top_n) for k, i in enumerate(chunk)]
-    return out
+        yield batch.size

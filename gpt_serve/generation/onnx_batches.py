@@ -81,6 +81,10 @@ class OnnxDecodeBatch:
         self._set(arrays, mask, np.append(self.lengths, L))
         return logits[0]
 
+    def add_rows(self, windows) -> np.ndarray:
+        """Each window prefilled alone (joining this layout rebuilds the cache anyway)."""
+        return np.stack([self.add(ids) for ids in windows])
+
     def remove(self, row: int) -> None:
         if not 0 <= row < len(self):
             raise IndexError(f"no row {row} in a batch of {len(self)}")
@@ -124,17 +128,20 @@ class OnnxInPlaceBatch:
         return self.rows
 
     def add(self, ids) -> np.ndarray:
-        if self.rows >= self.max_rows:
+        return self.add_rows([ids])[0]
+
+    def add_rows(self, windows) -> np.ndarray:
+        ids = np.asarray(windows, dtype=np.int64)  # (k, L)
+        (k, L), first = ids.shape, self.rows
+        if first + k > self.max_rows:
             raise ValueError(f"the batch holds {self.max_rows} rows at most")
-        ids = np.asarray(ids, dtype=np.int64)[None]  # (1, L)
-        L, row = ids.shape[1], self.rows
         if not 0 < L <= self.backend.block_size:
             raise ValueError(f"a row holds 1 to block_size = {self.backend.block_size} tokens, got {L}")
-        rows = [buffer[row : row + 1] for buffer in self.cache]
-        logits = self.backend.run_inplace(ids, np.zeros(1, dtype=np.int64), rows)  # a prefill, alone, in place
-        self.lengths[row] = L
-        self.rows += 1
-        return logits[0]
+        rows = [buffer[first : first + k] for buffer in self.cache]
+        logits = self.backend.run_inplace(ids, np.zeros(k, dtype=np.int64), rows)  # prefills, in place
+        self.lengths[first : first + k] = L
+        self.rows += k
+        return logits
 
     def remove(self, row: int) -> None:
         if not 0 <= row < self.rows:

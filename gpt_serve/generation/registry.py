@@ -230,10 +230,10 @@ class ModelRegistry:
         """The shared decode loop of (model, backend), started on first use (loading the backend)."""
         key = (name, resolve_backend(backend))
         scheduler = self._schedulers.get(key)
-        if scheduler is None or scheduler._closing():  # a closed one (its runner was stopped): a new loop
+        if scheduler is None or scheduler.closed:  # a closed one (its runner was stopped): a new loop
             loaded = self.backend(*key)
             with self._locks_lock:
-                if key not in self._schedulers or self._schedulers[key]._closing():
+                if key not in self._schedulers or self._schedulers[key].closed:
                     runner = _runner(key[1])
                     self._schedulers[key] = Scheduler(loaded.backend, self.max_batch, self.max_queue, runner=runner)
                 scheduler = self._schedulers[key]

@@ -1,4 +1,8 @@
-"""A submitted request and the stream of its tokens: what a scheduler's consumers hold (`Scheduler.submit`)."""
+"""A submitted request and the stream of its tokens: what a scheduler's consumers hold (`Scheduler.submit`).
+
+A `Stream` meets its scheduler at two small public sides: the consumer's (`take`, `atake`, `wait`, `cancel`,
+iteration) and the scheduler's (`put`, `finish`, `ready`, `waiter`). It knows its scheduler only as a `StreamOwner`:
+something to wake when a consumer cancels, and to drive when the loop runs on the consumer's thread."""
 
 from __future__ import annotations
 
@@ -8,13 +12,20 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..window import DEFAULT_WINDOW_MODE
 from .sampling import SamplingParams
 
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
+
+class StreamOwner(Protocol):
+    """What a `Stream` asks of the scheduler that runs it."""
+
+    def wake(self) -> None:
+        """Something changed that the loop must see (a consumer cancelled)."""
+
+    def drive(self, stream: Stream) -> None:
+        """Steps the loop on this thread until `stream` is `ready` (a no-op for a loop on a thread of its own)."""
 
 
 class ServerBusy(RuntimeError):
@@ -47,9 +58,9 @@ class Stream:
     """The tokens of one submitted request, as an iterator of ids. `cancel()` (or closing the iterator, or a
     consumer that stops reading and drops it) removes the request's row before the next decode step."""
 
-    def __init__(self, request: Request, scheduler: Scheduler):
+    def __init__(self, request: Request, owner: StreamOwner):
         self.request = request
-        self._scheduler = scheduler
+        self._owner = owner
         self._tokens: queue.SimpleQueue = queue.SimpleQueue()
         self.cancelled = threading.Event()
         self._ended = threading.Event()  # the scheduler is done with the request (`wait`)
@@ -66,7 +77,7 @@ class Stream:
     def cancel(self) -> None:
         if not self.cancelled.is_set():
             self.cancelled.set()
-            self._scheduler._runner.wake()
+            self._owner.wake()
 
     def __iter__(self) -> Iterator[int]:
         try:
@@ -82,7 +93,7 @@ class Stream:
         (`wait(interval)`, which returns early at the end) and gets several tokens at once, instead of being woken
         for every token."""
         if not self._finished:
-            self._scheduler._drive(self)  # a scheduler without a thread of its own steps here
+            self._owner.drive(self)  # a scheduler without a thread of its own steps here
             chunk = [self._tokens.get()]
             while not self._tokens.empty():
                 chunk.append(self._tokens.get())
@@ -120,17 +131,91 @@ class Stream:
 
     # -- the scheduler's side --
 
-    def _put(self, token: int, logprob=None) -> None:
+    @property
+    def ended(self) -> bool:
+        """The scheduler is done with the request (its end is queued for `take`)."""
+        return self._ended.is_set()
+
+    @property
+    def ready(self) -> bool:
+        """`take` would return at once: a token is queued, or the end."""
+        return not self._tokens.empty() or self._ended.is_set()
+
+    @property
+    def waiter(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Future] | None:
+        """The event loop and future of an `atake` waiting for this stream, if one is."""
+        return self._waiter
+
+    def put(self, token: int, logprob=None) -> None:
+        """The request's next token (and, with `Request.logprobs`, its logprobs)."""
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         if logprob is not None:
             self.logprobs.append(logprob)  # before the token: a consumer that has the token has its logprob
         self.generated += 1
         self._tokens.put(token)
-        self._scheduler._to_wake.append(self)
 
-    def _finish(self, error: BaseException | None = None) -> None:
+    def finish(self, error: BaseException | None = None) -> None:
+        """The request has ended: finished, cancelled, or failed with `error` (raised by the consumer's `take`)."""
         self.error = error
         self._tokens.put(_DONE)
         self._ended.set()
-        self._scheduler._to_wake.append(self)
+
+
+class Scoring:
+    """A prompt's own log-probabilities (OpenAI's `echo` with `logprobs`), computed by a scheduler in chunks between
+    its decode steps (`Scheduler.score`): `result()` (or `await aresult()`) gives `logprobs.prompt_logprobs`'s
+    entries; `cancel()` stops the work before its next chunk (a client that left)."""
+
+    def __init__(self, ids: Sequence[int], top_n: int, owner: StreamOwner):
+        self.ids, self.top_n = [int(t) for t in ids], top_n
+        self.entries: list = []  # filled chunk by chunk
+        self.cancelled = threading.Event()
+        self.error: BaseException | None = None
+        self._owner = owner
+        self._ended = threading.Event()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None
+
+    def cancel(self) -> None:
+        if not self.cancelled.is_set():
+            self.cancelled.set()
+            self._owner.wake()
+
+    def result(self, timeout: float | None = None) -> list:
+        """The entries, once all are computed (blocking); the scheduler's error if it failed; TimeoutError."""
+        self._owner.drive(self)
+        if not self._ended.wait(timeout):
+            raise TimeoutError(f"the prompt's logprobs were not ready within {timeout} s")
+        if self.error is not None:
+            raise self.error
+        return self.entries
+
+    async def aresult(self) -> list:
+        """`result` on an asyncio event loop, without a thread."""
+        while not self._ended.is_set():
+            loop = asyncio.get_running_loop()
+            future = loop.create_future()
+            self._waiter = (loop, future)
+            if self._ended.is_set():
+                break
+            try:
+                await future
+            finally:
+                self._waiter = None
+        return self.result()
+
+    # -- the scheduler's side --
+
+    @property
+    def ready(self) -> bool:
+        return self._ended.is_set()
+
+    ended = ready
+
+    @property
+    def waiter(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Future] | None:
+        return self._waiter
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self._ended.set()

@@ -11,12 +11,23 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
+from typing import Protocol
 
 logger = logging.getLogger(__name__)
+
+
+class Loop(Protocol):
+    """What a runner runs: a scheduler's loop, one iteration at a time (`gpt_serve.generation.scheduler`)."""
+
+    @property
+    def closed(self) -> bool:
+        """Closed: the runner ends it (`shutdown`) instead of iterating it."""
+
+    def iterate(self) -> bool:
+        """One iteration; whether there is more to do."""
+
+    def shutdown(self, error: BaseException | None = None) -> None:
+        """Ends what it runs or holds (with `error`, when the loop itself failed)."""
 
 
 class Runner:
@@ -39,7 +50,7 @@ class Runner:
     inline = False
 
     def __init__(self, name: str = "gpt-serve-scheduler"):
-        self._schedulers: list[Scheduler] = []
+        self._schedulers: list[Loop] = []
         self._calls: queue.SimpleQueue = queue.SimpleQueue()  # (function, args, future)
         self._event = threading.Event()
         self._lock = threading.Lock()
@@ -70,16 +81,18 @@ class Runner:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ends the loops it runs after the current iteration, and waits up to `timeout` seconds for the thread."""
-        self._request_stop()
+        self.request_stop()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=timeout)
 
-    def _request_stop(self) -> None:
+    def request_stop(self) -> None:
+        """`stop` without waiting."""
         with self._lock:
             self._stopping = True
         self.wake()
 
-    def _add(self, scheduler: Scheduler) -> None:
+    def add(self, scheduler: Loop) -> None:
+        """Runs `scheduler`'s loop from now on, in turn with the others."""
         with self._lock:
             if self._stopping:
                 raise RuntimeError("the runner is stopped")
@@ -102,14 +115,14 @@ class Runner:
             busy = False
             for scheduler in schedulers:
                 try:
-                    if not stopping and not scheduler._closing():
-                        busy = scheduler._iterate() or busy
+                    if not stopping and not scheduler.closed:
+                        busy = scheduler.iterate() or busy
                         continue
-                    scheduler._shutdown()
+                    scheduler.shutdown()
                 except BaseException as e:  # the loop itself failed (no memory for a batch): only it ends
                     logger.exception("a decode loop failed; its requests end with the error")
                     try:
-                        scheduler._shutdown(e)
+                        scheduler.shutdown(e)
                     except BaseException:
                         logger.exception("and could not end its requests")
                 with self._lock:
@@ -118,7 +131,7 @@ class Runner:
                 break
             if not busy:
                 with self._lock:
-                    idle = self._calls.empty() and not self._stopping and not any(s._closing() for s in schedulers)
+                    idle = self._calls.empty() and not self._stopping and not any(s.closed for s in schedulers)
                 if idle:
                     self._event.wait()
                     self._event.clear()
@@ -134,7 +147,7 @@ def _stop_runners() -> None:
     """Runs before the interpreter stops its daemon threads (after the others have ended)."""
     runners = list(_runners)
     for runner in runners:  # all of them at once, then one deadline for all
-        runner._request_stop()
+        runner.request_stop()
     deadline = time.monotonic() + 10
     for runner in runners:
         runner.thread.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -175,6 +188,6 @@ class InlineRunner:
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping = True
 
-    def _add(self, scheduler: Scheduler) -> None:
+    def add(self, scheduler: Loop) -> None:
         if self._stopping:
             raise RuntimeError("the runner is stopped")

@@ -49,6 +49,15 @@ class SamplingParams:
         if self.top_k is not None:
             check_value("top_k", self.top_k)
 
+    @classmethod
+    def checked(cls, **values) -> SamplingParams:
+        """Settings whose every value the request specification has checked already (`spec.parse_request` builds
+        a request's settings with this, so a request is checked once, not again per choice or per row)."""
+        params = object.__new__(cls)
+        for name, value in values.items():
+            object.__setattr__(params, name, value)
+        return params
+
     @property
     def greedy(self) -> bool:
         """Whether tokens are the argmax: temperature 0 or below `GREEDY_BELOW`."""
@@ -110,17 +119,28 @@ def sample_rows(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.
     computed for all rows that share settings at once. A ValueError for logits that are not finite."""
     if len(params) == 1:  # a request alone (a script's prompt): no grouping to pay for
         return sample_next(logits, params[0], rngs[0]).astype(np.int64)
-    tokens = np.zeros(len(params), dtype=np.int64)
+    check_finite(logits)
+    return sample_groups(logits, params, draw_uniforms(params, rngs))
+
+
+def draw_uniforms(params: list[SamplingParams], rngs: list[np.random.Generator]) -> np.ndarray:
+    """The one uniform number each sampling row draws from its own RNG this step (0 for greedy rows, which draw
+    none): drawn before anything else, so that a later failure cannot make a row draw twice."""
+    return np.array([0.0 if p.greedy else g.random() for p, g in zip(params, rngs, strict=True)])
+
+
+def sample_groups(logits: np.ndarray, params: list[SamplingParams], u: np.ndarray) -> np.ndarray:
+    """Row b's token from finite `logits[b]` with `params[b]` and its uniform number `u[b]` (`draw_uniforms`),
+    computed for all rows that share settings at once."""
     groups: dict[SamplingParams, list[int]] = {}
     for b, p in enumerate(params):
         groups.setdefault(p, []).append(b)
-    check_finite(logits)
+    tokens = np.zeros(len(params), dtype=np.int64)
     for p, rows in groups.items():
         if p.greedy:
             tokens[rows] = logits[rows].argmax(axis=-1)
         else:
-            u = np.array([rngs[b].random() for b in rows])
-            tokens[rows] = draw(probabilities(logits[rows], p), u)
+            tokens[rows] = draw(probabilities(logits[rows], p), u[rows])
     return tokens
 
 

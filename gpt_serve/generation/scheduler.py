@@ -9,9 +9,20 @@ run on it.
     scheduler.close()
 
 Iteration-level scheduling, as serving engines do it: between two decode steps, waiting requests are prefilled and
-join the batch (FIFO, at most `max_prefills_per_step` per step so a burst of arrivals cannot stall the others), and
-finished, stopped or cancelled requests leave it. A decode step runs one token for every row in one forward pass
-(`backend.new_batch()`, a `DecodeBatch` that keeps the rows' KV caches the backend's way).
+join the batch, and finished, stopped or cancelled requests leave it. A decode step runs one token for every row in
+one forward pass (`backend.new_batch()`, a `DecodeBatch` that keeps the rows' KV caches the backend's way).
+
+Every iteration has a budget of `max_tokens_per_step` tokens of forward work, shared, in this order, by the decode
+step (one token per row), the prefills of waiting requests (FIFO; a prefill is one window, at most `block_size`
+tokens; requests whose windows have the same length are prefilled together, in one forward pass) and prompt scoring
+(`score`: a prompt's own logprobs, `echo`, one chunk of full windows at a time). Each of them gets at least one unit
+per iteration, so none starves; none runs unbounded, so a long prompt to score or a burst of arrivals delays the
+others by a few steps, not by its whole cost.
+
+A request's failure is its own: the output side of a step (`rows.next_tokens`: penalties, filters, sampling,
+logprobs) runs every row inside its own error boundary, and so do a row's prefill, its window's refill and its
+scoring; such a request ends with an `EngineError`, and its neighbours get exactly the tokens they would have had.
+Only a decode step that fails as a whole (a broken backend) ends every running request.
 
 A request's tokens do not depend on what else runs: each has its own RNG (its seed), its own sampling settings and
 its own window (`gpt_serve.window`). A row's window is its own tokens only (padding never counts against it): when
@@ -22,7 +33,8 @@ others up for long. The queue is bounded: past `max_queue` waiting requests `sub
 
 The loop runs on a `Runner`'s thread (`runner`), or, with an `InlineRunner`, on the thread that reads its streams.
 Requests and streams are in `requests`; a stream is read with `take()` from any thread, or with
-`await stream.atake()` on an asyncio event loop.
+`await stream.atake()` on an asyncio event loop. The scheduler meets them, and its runner, only through their public
+sides (`Stream.put`/`finish`, `StreamOwner`; `runner.Loop`).
 """
 
 from __future__ import annotations
@@ -32,29 +44,25 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from itertools import islice
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ..window import window_keep, window_start
 from .backend import Backend, DecodeBatch
-from .requests import EngineError, Request, ServerBusy, Stream
+from .logprobs import WINDOWS_PER_CALL, scoring_chunks
+from .requests import EngineError, Request, Scoring, ServerBusy, Stream
+from .rows import Row, next_tokens
 from .runner import InlineRunner, Runner, torch_runner
-from .sampling import (
-    SamplingParams,
-    apply_openai_penalties,
-    apply_repetition_penalty,
-    finite_rows,
-    log_softmax,
-    sample_rows,
-)
+from .sampling import SamplingParams
 from .spec import check_value
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineError", "InlineRunner", "Request", "Runner", "Scheduler", "ServerBusy", "Stream", "check_prompt_ids"]
-__all__ += ["torch_runner"]
+__all__ = ["EngineError", "InlineRunner", "Request", "Runner", "Scheduler", "Scoring", "ServerBusy", "Stream"]
+__all__ += ["check_prompt_ids", "torch_runner"]
+
+MAX_TOKENS_PER_STEP = 4096  # the default budget of one iteration's forward work (see the module docstring)
 
 
 def check_prompt_ids(ids: Sequence[int], vocab_size: int, name: str = "the prompt") -> None:
@@ -71,40 +79,6 @@ def describe(backend: Backend) -> str:
     return str(getattr(backend, "description", type(backend).__name__))
 
 
-class _Row:
-    """A running request: its tokens, RNG, window and where it runs."""
-
-    def __init__(self, stream: Stream, block_size: int, vocab_size: int):
-        r = stream.request
-        self.stream = stream
-        self.sampling = r.sampling
-        self.ids = [int(t) for t in r.prompt_ids]  # the prompt and every generated token
-        self.prompt_len = len(self.ids)
-        self.rng = np.random.default_rng(r.seed)
-        self.keep = window_keep(block_size, r.window_mode, r.refill_tokens)
-        self.exact = r.window_mode == "exact"
-        self.penalty = r.sampling.repetition_penalty
-        self.stops = set(int(t) for t in r.stop_token_ids)
-        self.top_logprobs = r.logprobs
-        # OpenAI's penalties count the generated tokens only
-        s = r.sampling
-        self.counts = np.zeros(vocab_size, dtype=np.int64) if s.presence_penalty or s.frequency_penalty else None
-        # transformers' repetition penalty applies to every token seen so far: kept as a mask over the vocabulary
-        self.seen = None
-        if r.sampling.repetition_penalty != 1.0:
-            self.seen = np.zeros(vocab_size, dtype=bool)
-            self.seen[self.ids] = True
-        # The window is ids[start:] (`gpt_serve.window`); a prompt longer than the window starts from its last `keep`
-        self.start = window_start(len(self.ids), 0, block_size, self.keep)
-
-    @property
-    def done(self) -> bool:
-        r = self.stream.request
-        return len(self.ids) - self.prompt_len >= r.max_new_tokens or (
-            len(self.ids) > self.prompt_len and self.ids[-1] in self.stops
-        )
-
-
 def _resolve(futures: list[asyncio.Future]) -> None:
     for future in futures:
         if not future.done():  # a cancelled waiter (its client went away) stays cancelled
@@ -115,12 +89,15 @@ class Scheduler:
     """One decode loop for one backend, run by a `Runner`'s thread; see the module docstring.
 
     Args:
-        backend: a `TorchBackend` or `OnnxBackend` (anything with `new_batch`, `window_logits`, `block_size`,
-            `vocab_size`).
+        backend: a `TorchBackend` or `OnnxBackend` (anything with `new_batch`, `window_logits`, `sequence_logits`,
+            `block_size`, `vocab_size`).
         max_batch: the most rows decoding at once.
-        max_queue: the most requests waiting to join; `submit` raises `ServerBusy` past it.
-        max_prefills_per_step: the most waiting requests prefilled between two decode steps.
-        max_recompute_per_step: the most exact-mode rows past their window advanced per step.
+        max_queue: the most requests waiting to join (prompts to score included); `submit` and `score` raise
+            `ServerBusy` past it.
+        max_prefills_per_step: the most waiting requests prefilled in one iteration (None: as many as the token
+            budget and the free rows allow).
+        max_recompute_per_step: the most exact-mode rows past their window advanced per iteration.
+        max_tokens_per_step: the iteration's budget of forward work, in tokens (see the module docstring).
         runner: the `Runner` whose thread runs the loop (None: a runner of its own, stopped by `close`). The
             registry gives every PyTorch backend the shared `torch_runner()`; an `InlineRunner` steps the loop on
             the thread that reads the streams (what the library's `generate_tokens` uses).
@@ -131,27 +108,34 @@ class Scheduler:
         backend: Backend,
         max_batch: int = 16,
         max_queue: int = 256,
-        max_prefills_per_step: int = 2,
+        max_prefills_per_step: int | None = None,
         max_recompute_per_step: int = 4,
-        runner: Runner | None = None,
+        max_tokens_per_step: int = MAX_TOKENS_PER_STEP,
+        runner: Runner | InlineRunner | None = None,
     ):
-        for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
+        for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("max_tokens", max_tokens_per_step)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.backend = backend
+        self.name = describe(backend)
         self.max_batch, self.max_queue = max_batch, max_queue
         self.max_prefills_per_step, self.max_recompute_per_step = max_prefills_per_step, max_recompute_per_step
+        self.max_tokens_per_step = max_tokens_per_step
+        # a scoring chunk: this many full windows in one forward pass (the largest chunk, in tokens)
+        self._score_windows = max(1, min(WINDOWS_PER_CALL, max_tokens_per_step // backend.block_size))
+        self._score_chunk = self._score_windows * backend.block_size
         self._waiting: deque[Stream] = deque()
+        self._scoring: deque[tuple[Scoring, object]] = deque()  # (job, its chunks: `logprobs.scoring_chunks`)
         self._lock = threading.Lock()
         self._closed = False
         self._stopped = threading.Event()
         # Made on the runner's thread, the one thread that runs the backend (see `Runner`).
         self._batch: DecodeBatch | None = None
-        self._batched: list[_Row] = []  # row i of self._batch
-        self._recompute: deque[_Row] = deque()  # exact-mode rows past their window
-        self.steps = 0  # forward passes run (decode steps, prefills and full-window recomputes)
+        self._batched: list[Row] = []  # row i of self._batch
+        self._recompute: deque[Row] = deque()  # exact-mode rows past their window
+        self.steps = 0  # forward passes run (decode steps, prefills, full-window recomputes, scoring chunks)
         self.tokens = 0
-        self._to_wake: list[Stream] = []  # streams given tokens since the last `_wake_async`
+        self._to_wake: list = []  # streams and scorings given something since the last `_wake_async`
         self._owns_runner = runner is None
         self._runner = runner or Runner()
         try:
@@ -160,7 +144,7 @@ class Scheduler:
             if self._owns_runner:
                 self._runner.stop()
             raise
-        self._runner._add(self)
+        self._runner.add(self)
 
     # -- the public side --
 
@@ -169,31 +153,39 @@ class Scheduler:
         self._check(request)
         stream = Stream(request, self)
         with self._lock:
-            if self._closed:
-                raise RuntimeError("the scheduler is closed")
-            if len(self._waiting) >= self.max_queue:
-                raise ServerBusy(
-                    f"server busy: {len(self._waiting)} requests are already waiting (the limit is {self.max_queue}); "
-                    f"try again shortly"
-                )
+            self._admit_to_queue()
             self._waiting.append(stream)
         self._runner.wake()
         return stream
+
+    def score(self, ids: Sequence[int], top_n: int) -> Scoring:
+        """Queues the scoring of a prompt's own tokens (`logprobs.prompt_logprobs`, with the `top_n` most likely
+        beside each); returns its `Scoring`. ValueError for bad ids or `top_n`, `ServerBusy` when full."""
+        check_prompt_ids(ids, self.backend.vocab_size)
+        check_value("logprobs", top_n)
+        job = Scoring(ids, top_n, self)
+        with self._lock:
+            self._admit_to_queue()
+            chunks = scoring_chunks(self.backend, job.ids, top_n, job.entries, self._score_windows)
+            self._scoring.append((job, chunks))
+        self._runner.wake()
+        return job
 
     def call(self, function, *args):
         """Runs `function(*args)` on the loop's thread, between two decode steps, and returns its result (or raises
         its error). For other work on the same model (the demo's attention maps), so that one thread runs the
         backend: see `Runner`."""
-        if self._closing():
+        if self.closed:
             raise RuntimeError("the scheduler is closed")
         return self._runner.call(function, *args)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            waiting = len(self._waiting)
+            waiting, scoring = len(self._waiting), len(self._scoring)
         return dict(
             active=len(self._batched) + len(self._recompute),
             waiting=waiting,
+            scoring=scoring,
             steps=self.steps,
             tokens=self.tokens,
         )
@@ -204,7 +196,7 @@ class Scheduler:
             self._closed = True
         if self._runner.inline:
             if not self._stopped.is_set():
-                self._shutdown()
+                self.shutdown()
         else:
             self._runner.wake()
             if threading.current_thread() is not self._runner.thread:
@@ -212,16 +204,68 @@ class Scheduler:
         if self._owns_runner:
             self._runner.stop()
 
-    def _drive(self, stream: Stream, until_end: bool = False) -> None:
-        """With an `InlineRunner`: runs iterations of the loop here until `stream` has a token to take (or, with
-        `until_end`, has ended). A no-op for a loop on a runner's thread."""
+    @property
+    def closed(self) -> bool:
+        with self._lock:
+            return self._closed
+
+    # -- what streams and the runner ask of it (`requests.StreamOwner`, `runner.Loop`) --
+
+    def wake(self) -> None:
+        self._runner.wake()
+
+    def drive(self, item: Stream | Scoring) -> None:
+        """With an `InlineRunner`: runs iterations of the loop here until `item` is ready to read. A no-op for a loop
+        on a runner's thread."""
         if not self._runner.inline:
             return
-        while (stream._tokens.empty() or until_end) and not stream._ended.is_set():
-            if self._closing():
-                self._shutdown()
+        while not item.ready:
+            if self.closed:
+                self.shutdown()
                 return
-            self._iterate(None if until_end else lambda: not stream._tokens.empty())
+            self.iterate(lambda: item.ready)
+
+    def iterate(self, ready: Callable[[], bool] | None = None) -> bool:
+        """One iteration of the loop (on the runner's thread): cancellations, admissions, scoring, one decode step.
+        Returns whether there is more to do. `ready` (an inline consumer's question: is my stream ready?) ends the
+        iteration before the decode step once it is true, so a prompt's first token is not held back by a step for
+        its second."""
+        try:
+            self._drop_cancelled()
+            budget = self.max_tokens_per_step - len(self._batched)  # what the decode step leaves for the rest
+            budget -= self._admit(budget)
+            self._recompute_some()
+            self._score_some(budget)
+            if ready is None or not ready():
+                self._decode()
+        except Exception as e:  # a broken backend: the running requests end with the error, the loop goes on
+            logger.exception("decode step failed")
+            self._fail_all(e)
+        self._wake_async()
+        with self._lock:
+            queued = bool(self._waiting or self._scoring)
+        return bool(self._batched or self._recompute or queued)
+
+    def shutdown(self, error: BaseException | None = None) -> None:
+        """Ends what is running or waiting (on the runner's thread): once closed, or with `error` when the loop itself
+        failed (the scheduler is closed then)."""
+        with self._lock:
+            self._closed = True
+        self._fail_all(error or RuntimeError("the scheduler was closed"), waiting=True, fresh_batch=False)
+        self._wake_async()
+        self._stopped.set()
+
+    # -- the loop --
+
+    def _admit_to_queue(self) -> None:
+        """(Under the lock.) Raises unless a request may wait now."""
+        if self._closed:
+            raise RuntimeError("the scheduler is closed")
+        queued = len(self._waiting) + len(self._scoring)
+        if queued >= self.max_queue:
+            raise ServerBusy(
+                f"server busy: {queued} requests are already waiting (the limit is {self.max_queue}); try again shortly"
+            )
 
     def _check(self, r: Request) -> None:
         if not isinstance(r, Request):
@@ -236,36 +280,15 @@ class Scheduler:
         if r.logprobs is not None:
             check_value("logprobs", r.logprobs)
 
-    # -- the loop --
-
-    def _closing(self) -> bool:
-        with self._lock:
-            return self._closed
-
-    def _iterate(self, ready=None) -> bool:
-        """One iteration of the loop (on the runner's thread): cancellations, admissions, one decode step.
-        Returns whether there is more to do. `ready` (an inline consumer's question: does my stream have a token?)
-        ends the iteration before the decode step once it is true, so a prompt's first token is not held back by a
-        step for its second."""
-        try:
-            self._drop_cancelled()
-            self._admit()
-            self._recompute_some()
-            if ready is None or not ready():
-                self._decode()
-        except Exception as e:  # a broken backend: the running requests end with the error, the loop goes on
-            logger.exception("decode step failed")
-            self._fail_all(e)
-        self._wake_async()
-        with self._lock:
-            waiting = bool(self._waiting)
-        return bool(self._batched or self._recompute or waiting)
+    def _end(self, item: Stream | Scoring, error: BaseException | None = None) -> None:
+        item.finish(error)
+        self._to_wake.append(item)
 
     def _wake_async(self) -> None:
-        """Wakes the `atake` waiters of the streams given tokens: one call into each event loop for all of its."""
+        """Wakes the async waiters of the streams given tokens: one call into each event loop for all of its."""
         by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
-        for stream in self._to_wake:
-            waiter = stream._waiter
+        for item in self._to_wake:
+            waiter = item.waiter
             if waiter is not None:
                 by_loop.setdefault(waiter[0], []).append(waiter[1])
         self._to_wake.clear()
@@ -275,31 +298,25 @@ class Scheduler:
             except RuntimeError:  # the loop is closed: nobody waits any more
                 pass
 
-    def _shutdown(self, error: BaseException | None = None) -> None:
-        """Ends what is running or waiting (on the runner's thread): once closed, or with `error` when the loop itself
-        failed (the scheduler is closed then)."""
-        with self._lock:
-            self._closed = True
-        self._fail_all(error or RuntimeError("the scheduler was closed"), waiting=True, fresh_batch=False)
-        self._wake_async()
-        self._stopped.set()
-
     def _drop_cancelled(self) -> None:
         for i in reversed(range(len(self._batched))):
             if self._batched[i].stream.cancelled.is_set():
-                self._batched[i].stream._finish()
+                self._end(self._batched[i].stream)
                 self._remove(i)
         for row in [r for r in self._recompute if r.stream.cancelled.is_set()]:
             self._recompute.remove(row)
-            row.stream._finish()
-        if not self._waiting:  # read without the lock: a request queued meanwhile is looked at next iteration
+            self._end(row.stream)
+        if not self._waiting and not self._scoring:  # read without the lock: looked at again next iteration
             return
         with self._lock:
             cancelled = [s for s in self._waiting if s.cancelled.is_set()]
             for stream in cancelled:
                 self._waiting.remove(stream)
-        for stream in cancelled:
-            stream._finish()
+            gone = [pair for pair in self._scoring if pair[0].cancelled.is_set()]
+            for pair in gone:
+                self._scoring.remove(pair)
+        for item in [*cancelled, *(job for job, _ in gone)]:
+            self._end(item)
 
     def _remove(self, index: int) -> None:
         """Takes row `index` out of the batch; the last row moves into its place, in both lists."""
@@ -308,151 +325,185 @@ class Scheduler:
         if index < len(self._batched):
             self._batched[index] = last
 
-    def _admit(self) -> None:
-        for _ in range(self.max_prefills_per_step):
-            if len(self._batched) + len(self._recompute) >= self.max_batch:
-                return
+    def _admit(self, budget: int) -> int:
+        """Prefills waiting requests within `budget` tokens (at least one request, if a row is free), requests whose
+        windows have the same length together; returns the tokens prefilled."""
+        free = self.max_batch - len(self._batched) - len(self._recompute)
+        limit = free if self.max_prefills_per_step is None else min(free, self.max_prefills_per_step)
+        groups: dict[int, list[Row]] = {}
+        used = taken = 0
+        while taken < limit:
             with self._lock:
                 if not self._waiting:
-                    return
+                    break
+                length = min(len(self._waiting[0].request.prompt_ids), self.backend.block_size)
+                if taken and used + length > budget:
+                    break
                 stream = self._waiting.popleft()
+            taken += 1
             stream.admitted_at = time.perf_counter()
-            row = _Row(stream, self.backend.block_size, self.backend.vocab_size)
+            try:
+                row = Row(stream, self.backend.block_size, self.backend.vocab_size)
+            except Exception as e:  # this request's own state could not be made
+                self._end(stream, EngineError(f"the request could not start: {type(e).__name__}: {e}"))
+                continue
             if len(row.ids) - row.start > self.backend.block_size or (row.exact and row.start > 0):
                 self._recompute.append(row)  # exact mode, a prompt past the window: full-window forwards from now
                 continue
-            try:
-                logits = self._batch.add(row.ids[row.start :])
-            except Exception as e:
-                stream._finish(e)
-                continue
+            used += len(row.ids) - row.start
+            groups.setdefault(len(row.ids) - row.start, []).append(row)
+        for rows in groups.values():
+            self._prefill(rows)
+        return used
+
+    def _prefill(self, rows: list[Row]) -> None:
+        """Prefills `rows` (windows of one length) as new rows of the batch, in one forward pass (or, if that fails,
+        each alone: a row whose own prefill fails ends with its error), and gives each its first token."""
+        first = len(self._batched)
+        try:
+            logits = self._batch.add_rows([row.window() for row in rows])  # (k, V)
             self.steps += 1
-            self._batched.append(row)
-            self._emit(row, logits[None], len(self._batched) - 1)
+            self._batched += rows
+        except Exception:
+            if len(self._batch) != first:  # a batch left half-changed: nothing else can be trusted
+                raise
+            kept, out = [], []
+            for row in rows:
+                try:
+                    out.append(self._batch.add(row.window()))
+                except Exception as e:
+                    logger.exception("prefill failed")
+                    self._end(row.stream, EngineError(f"the prefill failed for this request: {e}"))
+                    continue
+                self.steps += 1
+                self._batched.append(row)
+                kept.append(row)
+            if not kept:
+                return
+            rows, logits = kept, np.stack(out)
+        self._apply(rows, logits, first)
+
+    def _apply(self, rows: list[Row], logits: np.ndarray, first: int) -> None:
+        """Samples the next token of `rows` (batch rows `first`, `first + 1`, ...) from `logits` (rows, V), then
+        moves each on (`_advance`), last row first: a row that leaves is replaced by the last row (done already),
+        and a row that rejoins goes last."""
+        out = next_tokens(rows, logits, self.name)
+        for i in reversed(range(len(rows))):
+            self._advance(rows[i], first + i, int(out.tokens[i]), out.logprobs[i], out.errors.get(i))
+
+    def _advance(self, row: Row, index: int, token: int, logprob=None, error: BaseException | None = None) -> None:
+        """Gives `row` (batch row `index`) its next token, or ends it with `error`, and moves it on: finished, to its
+        next window, or on in the batch (where the token is fed at the next step)."""
+        block = self.backend.block_size
+        done = slide = False
+        if error is None:
+            try:
+                done = self._deliver(row, token, logprob)
+                slide = not done and window_start(len(row.ids), row.start, block, row.keep) != row.start
+            except Exception as e:  # this row's own bookkeeping
+                logger.exception("a row's output failed")
+                error = EngineError(f"the output of this request failed: {type(e).__name__}: {e}")
+        if error is not None or done or slide:
+            self._remove(index)
+        if error is not None:
+            self._end(row.stream, error)
+        elif slide:  # the next token would not fit in the window
+            if row.exact:
+                self._recompute.append(row)
+                return
+            row.start = window_start(len(row.ids), row.start, block, row.keep)  # refill: the last `keep` tokens
+            self._prefill([row])
+
+    def _deliver(self, row: Row, token: int, logprob) -> bool:
+        """Gives `row`'s stream its token; True when the request ends here, finished or cancelled by its consumer
+        meanwhile (its stream is then ended: the consumer sees the end either way)."""
+        complete = row.accept(token)
+        self.tokens += 1
+        row.stream.put(token, logprob)
+        self._to_wake.append(row.stream)
+        ends = complete or row.stream.cancelled.is_set()
+        if ends:
+            self._end(row.stream)
+        return ends
 
     def _recompute_some(self) -> None:
-        """Advances up to `max_recompute_per_step` exact-mode rows past their window by one token each."""
+        """Advances up to `max_recompute_per_step` exact-mode rows past their window by one token each (in one
+        forward pass, or, if that fails, each alone: a row whose own forward fails ends with its error)."""
         if not self._recompute:
             return
         block = self.backend.block_size
-        rows = list(islice(self._recompute, self.max_recompute_per_step))
-        ids = np.array([r.ids[-block:] for r in rows], dtype=np.int64)  # (k, block_size): every row's last window
-        logits = self.backend.window_logits(ids)  # if it raises, the rows are still queued
-        for _ in rows:
-            self._recompute.popleft()
-        self.steps += 1
-        tokens, logprobs = self._sample(rows, logits)
-        for row, token, lp in zip(rows, tokens, logprobs, strict=True):
-            if not self._append(row, int(token), lp):
+        rows = [self._recompute.popleft() for _ in range(min(self.max_recompute_per_step, len(self._recompute)))]
+        windows = np.array([r.ids[-block:] for r in rows], dtype=np.int64)  # (k, block_size): every row's last window
+        try:
+            logits = self.backend.window_logits(windows)
+            self.steps += 1
+        except Exception:
+            kept, out = [], []
+            for row, window in zip(rows, windows, strict=True):
+                try:
+                    out.append(self.backend.window_logits(window[None])[0])
+                except Exception as e:
+                    logger.exception("a full-window forward failed")
+                    self._end(row.stream, EngineError(f"the full-window forward failed for this request: {e}"))
+                    continue
+                self.steps += 1
+                kept.append(row)
+            if not kept:
+                return
+            rows, logits = kept, np.stack(out)
+        out = next_tokens(rows, logits, self.name)
+        for i, row in enumerate(rows):
+            error = out.errors.get(i)
+            if error is None:
+                try:
+                    if self._deliver(row, int(out.tokens[i]), out.logprobs[i]):
+                        continue
+                except Exception as e:
+                    error = EngineError(f"the output of this request failed: {type(e).__name__}: {e}")
+            if error is not None:
+                self._end(row.stream, error)
+            else:
                 self._recompute.append(row)
+
+    def _score_some(self, budget: int) -> None:
+        """Runs chunks of the queued scorings, in turn, within `budget` tokens (at least one chunk)."""
+        spent = 0
+        while self._scoring and (spent == 0 or spent + self._score_chunk <= budget):
+            job, chunks = self._scoring[0]
+            try:
+                spent += next(chunks)
+                self.steps += 1
+                self._scoring.rotate(-1)  # the next job's chunk next
+                continue
+            except StopIteration:
+                error = None
+            except Exception as e:  # this prompt's own failure
+                logger.exception("scoring failed")
+                error = EngineError(f"{self.name} failed to score this prompt: {type(e).__name__}: {e}")
+            with self._lock:
+                self._scoring.popleft()
+            self._end(job, error)
 
     def _decode(self) -> None:
         if not self._batched:
             return
-        tokens = np.array([r.ids[-1] for r in self._batched], dtype=np.int64)
         rows = list(self._batched)
-        chosen, logprobs = self._sample(rows, self._batch.step(tokens))
+        tokens = np.fromiter((r.ids[-1] for r in rows), dtype=np.int64, count=len(rows))
+        logits = self._batch.step(tokens)
         self.steps += 1
-        # Reversed: a row that leaves is replaced by the last row (done already), a row that rejoins goes last.
-        for i in reversed(range(len(rows))):
-            self._advance(rows[i], int(chosen[i]), i, logprobs[i])
-
-    def _emit(self, row: _Row, logits: np.ndarray, index: int) -> None:
-        """Samples the next token of `row` (batch row `index`) from `logits` (1, V), then `_advance`."""
-        tokens, logprobs = self._sample([row], logits)
-        self._advance(row, int(tokens[0]), index, logprobs[0])
-
-    def _advance(self, row: _Row, token: int, index: int, logprob=None) -> None:
-        """Gives `row` (batch row `index`) its next token and moves it on: finished, to its next window, or on in
-        the batch (where the token is fed at the next step)."""
-        if self._append(row, token, logprob):
-            self._remove(index)
-            return
-        start = window_start(len(row.ids), row.start, self.backend.block_size, row.keep)
-        if start != row.start:  # the next token would not fit in the window
-            self._remove(index)
-            if row.exact:
-                self._recompute.append(row)
-                return
-            row.start = start  # refill: the last `keep` tokens, prefilled again
-            try:
-                logits = self._batch.add(row.ids[row.start :])
-            except Exception as e:  # out of the batch already: this request ends with the error, the others go on
-                logger.exception("refill prefill failed")
-                row.stream._finish(e)
-                return
-            self.steps += 1
-            self._batched.append(row)
-            self._emit(row, logits[None], len(self._batched) - 1)
-
-    @staticmethod
-    def _sample(rows: list[_Row], logits: np.ndarray) -> tuple[np.ndarray, list]:
-        """One token per row from `logits` (rows, V), each with its own settings and RNG (`sample_rows`), and for
-        the rows that ask for them (`Request.logprobs`) the token's log-probability and the top ones, of the model's
-        own distribution (the logits before penalties): `(logprob, [(id, logprob), ...])`, None for the others.
-        A row whose logits are not all finite gets the token -1 (`_append` ends its request with an `EngineError`);
-        the other rows are sampled as if it were not there."""
-        ok = finite_rows(logits)
-        if not ok.all():
-            tokens = np.full(len(rows), -1, dtype=np.int64)
-            kept = np.flatnonzero(ok)
-            if len(kept):
-                tokens[kept], kept_logprobs = Scheduler._sample([rows[i] for i in kept], logits[kept])
-            logprobs = [None] * len(rows)
-            for j, i in enumerate(kept):
-                logprobs[i] = kept_logprobs[j]
-            return tokens, logprobs
-        adjusted = [i for i, r in enumerate(rows) if r.seen is not None or r.counts is not None]
-        work = logits.copy() if adjusted else logits
-        for i in adjusted:
-            if rows[i].seen is not None:
-                apply_repetition_penalty(work[i], rows[i].seen, rows[i].penalty)
-            if rows[i].counts is not None:
-                apply_openai_penalties(work[i], rows[i].counts, rows[i].sampling)
-        tokens = sample_rows(work, [r.sampling for r in rows], [r.rng for r in rows])
-        logprobs = [None] * len(rows)
-        for i, row in enumerate(rows):
-            if row.top_logprobs is not None:
-                lp = log_softmax(logits[i])
-                top = np.argsort(-lp, kind="stable")[: row.top_logprobs]
-                logprobs[i] = (float(lp[tokens[i]]), [(int(t), float(lp[t])) for t in top])
-        return tokens, logprobs
-
-    def _append(self, row: _Row, token: int, logprob=None) -> bool:
-        """Gives `row` its token (and its logprobs); returns True when the row ends here, finished or cancelled by
-        its consumer meanwhile (its stream is then ended: the consumer sees the end either way). Token -1: the row's
-        logits were not finite (`_sample`), and its request ends with an `EngineError` naming the backend."""
-        if token < 0:
-            row.stream._finish(
-                EngineError(
-                    f"{describe(self.backend)} computed NaN or infinite logits for token "
-                    f"{len(row.ids) - row.prompt_len + 1} of this request: nothing to sample from, so it ends here (a "
-                    f"broken model: check its weights and config)"
-                )
-            )
-            return True
-        row.ids.append(token)
-        if row.seen is not None:
-            row.seen[token] = True
-        if row.counts is not None:
-            row.counts[token] += 1
-        self.tokens += 1
-        row.stream._put(token, logprob)
-        ends = row.done or row.stream.cancelled.is_set()
-        if ends:
-            row.stream._finish()
-        return ends
+        self._apply(rows, logits, 0)
 
     def _fail_all(self, error: BaseException, waiting: bool = False, fresh_batch: bool = True) -> None:
-        """Ends every running request (and, with `waiting`, every queued one) with `error`; then, with
-        `fresh_batch`, a new empty batch for the next requests."""
+        """Ends every running request (and, with `waiting`, every queued one and every scoring) with `error`; then,
+        with `fresh_batch`, a new empty batch for the next requests."""
         running = [*self._batched, *self._recompute]
         self._batched, self._recompute = [], deque()
-        queued = []
+        queued: list = []
         if waiting:
             with self._lock:
-                queued, self._waiting = list(self._waiting), deque()
-        for stream in [r.stream for r in running] + queued:
-            stream._finish(error)
+                queued = [*self._waiting, *(job for job, _ in self._scoring)]
+                self._waiting, self._scoring = deque(), deque()
+        for item in [r.stream for r in running] + queued:
+            self._end(item, error)
         if fresh_batch:
             self._batch = self.backend.new_batch(self.max_batch)

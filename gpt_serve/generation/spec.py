@@ -22,7 +22,8 @@ format. Why each limit is what it is:
   beside each generated token's own log-probability, of the model's distribution (before temperature, penalties
   and filters).
 - `top_k` in [0, 1,000,000] (0 = no limit; anything from the vocabulary size up means no limit too).
-- `repetition_penalty` in (0, 10], transformers' rule (1 = off).
+- `repetition_penalty` in [0.01, 10], transformers' rule (1 = off). Below 1 it favours repeats; a penalty far below
+  that only divides a logit into infinity (1e-300 did), which no token can be sampled from: refused here.
 - `seed` in [0, 2^53 - 1], the integers a JavaScript number holds exactly (the browser page carries it too);
   null or -1 draws one at random (reported back). Prompt `i` of a list gets `seed + i`.
 - `prompt` at most 10,000 characters (the model reads only its last `block_size`). The empty prompt starts the text
@@ -108,7 +109,7 @@ FIELDS: tuple[Field, ...] = (
     Field("temperature", "number", 1.0, 0, 2, hint=" (0 = greedy)", doc="sampling temperature"),
     Field("top_k", "integer", 0, 0, 1_000_000, hint=" (0 = no limit)", doc="sample among the k most likely"),
     Field("top_p", "number", 1.0, 0, 1, lo_open=True, doc="nucleus sampling (1 = off)"),
-    Field("repetition_penalty", "number", 1.0, 0, 10, lo_open=True, hint=" (1 = off)", doc="> 1 discourages repeats"),
+    Field("repetition_penalty", "number", 1.0, 0.01, 10, hint=" (1 = off)", doc="> 1 discourages repeats"),
     Field("presence_penalty", "number", 0.0, -2, 2, hint=" (0 = off)", doc="OpenAI's: per token the text holds"),
     Field("frequency_penalty", "number", 0.0, -2, 2, hint=" (0 = off)", doc="OpenAI's: per occurrence in the text"),
     Field("min_p", "number", 0.0, 0, 1, hint=" (0 = off)", doc="drop tokens below min_p times the likeliest"),
@@ -239,14 +240,15 @@ class GenerationRequest:
     sampling: SamplingParams = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        sampling = SamplingParams(
-            self.temperature,
-            self.top_k or None,
-            self.top_p,
-            self.repetition_penalty,
-            self.presence_penalty,
-            self.frequency_penalty,
-            self.min_p,
+        # checked by `parse_request` already: made once, held by reference by every choice and row
+        sampling = SamplingParams.checked(
+            temperature=self.temperature,
+            top_k=self.top_k or None,
+            top_p=self.top_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            min_p=self.min_p,
         )
         object.__setattr__(self, "sampling", sampling)
 

@@ -10,7 +10,7 @@ only its errors (`RequestError`, `ServerBusy`) to its own wire format.
 
 from __future__ import annotations
 
-from .requests import Request, Stream
+from .requests import EngineError, Request, Stream
 from .spec import GenerationRequest, RequestError
 
 
@@ -46,14 +46,15 @@ class TextStream:
         vocab: the model's `CharVocab`.
         request: the checked request (`parse_request`).
         index: which prompt of a list this is: its seed is `request.seed_for(index)`.
+        prompt: this prompt of a list (None: `request.prompt`); the request itself is held as it is, by reference.
 
     Raises `RequestError` for a prompt the vocabulary cannot encode and `ServerBusy` when the scheduler's queue is
     full; nothing is submitted then.
     """
 
-    def __init__(self, scheduler, vocab, request: GenerationRequest, index: int = 0):
+    def __init__(self, scheduler, vocab, request: GenerationRequest, index: int = 0, prompt: str | None = None):
         self.request, self.vocab = request, vocab
-        self.prompt_ids = encode_prompt(vocab, request.prompt, request.unk_policy)
+        self.prompt_ids = encode_prompt(vocab, request.prompt if prompt is None else prompt, request.unk_policy)
         self.prompt = vocab.decode(self.prompt_ids)  # as the model reads it (a newline for the empty prompt)
         job = Request(
             self.prompt_ids,
@@ -114,6 +115,16 @@ class TextStream:
             self.cancel()
 
     def _feed(self, chunk: list[int] | None) -> str:
+        """The new text of `chunk`; a failure here (decoding, stop strings) is this request's alone: its row is
+        freed and it ends with an `EngineError`."""
+        try:
+            return self._text_of(chunk)
+        except Exception as e:
+            self.stream.cancel()
+            self.finish_reason = "error"
+            raise EngineError(f"the text of this request failed: {type(e).__name__}: {e}") from e
+
+    def _text_of(self, chunk: list[int] | None) -> str:
         if chunk is None:
             self.finish_reason = self._end_reason
             return self._new_text(final=True)

@@ -327,13 +327,14 @@ class BatchKV(CacheSizes):
         if self.width + columns_after > self.capacity:
             self._shift(max(0, columns_before - (self.width - self.lo)))
 
-    def set_row(self, row: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        """Writes one row's keys/values (each (H, L, hs), per layer) to end at column `width`."""
-        L = keys[0].shape[1]
+    def set_rows(self, first: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Writes rows `first`, `first + 1`, ...'s keys/values (each (k, H, L, hs), per layer) to end at column
+        `width`."""
+        k, L = keys[0].shape[0], keys[0].shape[2]
         for buffers, new in ((self.keys, keys), (self.values, values)):
             for b, t in zip(buffers, new, strict=True):
-                b[row, :, self.width - L : self.width] = t
-        self.lengths[row] = L
+                b[first : first + k, :, self.width - L : self.width] = t
+        self.lengths[first : first + k] = L
 
     def move_row(self, src: int, dst: int) -> None:
         for buffers in (self.keys, self.values):
@@ -359,17 +360,20 @@ class TorchDecodeBatch:
         return self.kv.rows
 
     def add(self, ids) -> np.ndarray:
+        return self.add_rows([ids])[0]
+
+    def add_rows(self, windows) -> np.ndarray:
         kv = self.kv
-        if kv.rows >= self.max_rows:
+        ids = np.asarray(windows, dtype=np.int64)  # (k, L)
+        k, L = ids.shape
+        if kv.rows + k > self.max_rows:
             raise ValueError(f"the batch holds {self.max_rows} rows at most")
-        ids = np.asarray(ids, dtype=np.int64)[None]  # (1, L)
-        L = ids.shape[1]
-        logits, cache = self.backend.forward(ids, np.ones_like(ids), np.arange(L)[None], None)
+        logits, cache = self.backend.forward(ids, np.ones_like(ids), np.tile(np.arange(L), (k, 1)), None)
         kv.reserve(L, 1)
-        kv.rows += 1
-        kv.set_row(kv.rows - 1, [k[0, :, :L] for k in cache.keys], [v[0, :, :L] for v in cache.values])
+        kv.set_rows(kv.rows, [t[:, :, :L] for t in cache.keys], [t[:, :, :L] for t in cache.values])
+        kv.rows += k
         kv.refresh_lo()
-        return logits[0]
+        return logits
 
     def remove(self, row: int) -> None:
         kv = self.kv

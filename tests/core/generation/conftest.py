@@ -35,6 +35,10 @@ class FakeBackend:
         ids = np.concatenate([past_ids, input_ids], axis=1)
         return self.logits_of(ids, attention_mask), (ids, attention_mask)
 
+    def sequence_logits(self, ids):
+        ids = np.asarray(ids, dtype=np.int64)[None]
+        return np.concatenate([self.logits_of(ids[:, : t + 1], np.ones((1, t + 1), np.int64)) for t in range(ids.size)])
+
     def new_batch(self, max_rows: int) -> FakeBatch:
         return FakeBatch(self, max_rows)
 
@@ -58,6 +62,15 @@ class FakeBatch:
         logits, cache = self.backend.forward(ids, np.ones_like(ids), np.arange(ids.shape[1])[None], None)
         self.caches.append(cache)
         return logits[0]
+
+    def add_rows(self, windows):
+        """Each window prefilled alone; the batch changes only once every prefill has worked."""
+        kept = list(self.caches)
+        try:
+            return np.stack([self.add(ids) for ids in windows])
+        except BaseException:
+            self.caches = kept
+            raise
 
     def remove(self, row: int) -> None:
         last = self.caches.pop()

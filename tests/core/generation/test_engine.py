@@ -120,7 +120,7 @@ def test_unknown_characters_in_prompt(tiny_model, tokenizer):
         (dict(top_p=0.0), r"top_p must be a number in \(0, 1\], got 0"),
         (dict(top_p=1.5), r"top_p must be a number in \(0, 1\]"),
         (dict(top_k=-3), r"top_k must be an integer in \[0, 1000000\] \(0 = no limit\), got -3"),
-        (dict(repetition_penalty=0), r"repetition_penalty must be a number in \(0, 10\]"),
+        (dict(repetition_penalty=0), r"repetition_penalty must be a number in \[0.01, 10\]"),
     ],
 )
 def test_bad_sampling_params_are_named(kwargs, message):

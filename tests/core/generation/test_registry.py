@@ -119,4 +119,4 @@ def test_pytorch_models_load_and_decode_on_one_thread_onnx_on_their_own(models_r
         assert loads == [("torch", "gpt-serve-torch")] * 2 + [(key, "MainThread") for key in ("onnx", "onnx-int8")]
     finally:
         registry.close()
-    assert torch_a._closing() and onnx_a._closing()
+    assert torch_a.closed and onnx_a.closed

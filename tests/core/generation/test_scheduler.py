@@ -253,7 +253,7 @@ def test_a_decode_loop_that_fails_outright_ends_its_requests_and_the_shared_runn
         broken.new_batch = lambda rows: (_ for _ in ()).throw(MemoryError("no memory for a batch"))
         with pytest.raises(RuntimeError, match="broken step"):  # the step's error, then no fresh batch
             list(a.submit(Request([1, 2], 20)))
-        assert a._stopped.wait(5) and a._closing()
+        assert a._stopped.wait(5) and a.closed
         with pytest.raises(RuntimeError, match="closed"):
             a.submit(Request([1, 2], 5))
         assert len(list(b.submit(Request([1, 2], 20)))) == 20
@@ -302,7 +302,7 @@ def test_stopping_a_runner_ends_the_loops_it_runs():
     stream = scheduler.submit(Request([1, 2], 100_000, window_mode="refill"))
     assert stream.take()
     runner.stop()
-    assert not runner.thread.is_alive() and scheduler._closing()
+    assert not runner.thread.is_alive() and scheduler.closed
     with pytest.raises(RuntimeError, match="closed"):
         list(stream)
 

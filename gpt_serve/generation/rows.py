@@ -1,0 +1,182 @@
+"""A running request's state (`Row`) and the output side of a step: from a batch's logits to each row's next token
+and logprobs (`next_tokens`), as array operations over the batch, each row inside its own error boundary.
+
+What can go wrong for one row never reaches another: logits that are NaN or infinite (a broken model), logits that
+its penalties made non-finite, a filter or a draw that raised, logprobs that could not be computed. Such a row gets
+an error instead of a token (the scheduler ends its request with it); every other row gets exactly the token and
+logprobs it would have had alone. numpy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..window import window_keep, window_start
+from .requests import EngineError, Stream
+from .sampling import (
+    SamplingParams,
+    apply_openai_penalties,
+    apply_repetition_penalty,
+    draw_uniforms,
+    finite_rows,
+    log_softmax,
+    sample_groups,
+)
+
+__all__ = ["Outcome", "Row", "next_tokens"]
+
+
+class Row:
+    """A running request: its tokens, RNG, window and penalty state."""
+
+    def __init__(self, stream: Stream, block_size: int, vocab_size: int):
+        r = stream.request
+        self.stream, self.request = stream, r
+        self.sampling: SamplingParams = r.sampling
+        self.ids = [int(t) for t in r.prompt_ids]  # the prompt and every generated token
+        self.prompt_len = len(self.ids)
+        self.rng = np.random.default_rng(r.seed)
+        self.keep = window_keep(block_size, r.window_mode, r.refill_tokens)
+        self.exact = r.window_mode == "exact"
+        self.stops = frozenset(int(t) for t in r.stop_token_ids)
+        self.top_logprobs = r.logprobs
+        self.left = r.max_new_tokens  # tokens still to make
+        s = r.sampling
+        # OpenAI's penalties count the generated tokens only
+        self.counts = np.zeros(vocab_size, dtype=np.int64) if s.presence_penalty or s.frequency_penalty else None
+        # transformers' repetition penalty applies to every token seen so far: kept as a mask over the vocabulary
+        self.seen = None
+        if s.repetition_penalty != 1.0:
+            self.seen = np.zeros(vocab_size, dtype=bool)
+            self.seen[self.ids] = True
+        # The window is ids[start:] (`gpt_serve.window`); a prompt longer than the window starts from its last `keep`
+        self.start = window_start(len(self.ids), 0, block_size, self.keep)
+
+    def accept(self, token: int) -> bool:
+        """Adds `token`; returns whether the request is complete (its length reached, or a stop token)."""
+        self.ids.append(token)
+        if self.seen is not None:
+            self.seen[token] = True
+        if self.counts is not None:
+            self.counts[token] += 1
+        self.left -= 1
+        return self.left <= 0 or token in self.stops
+
+    def window(self) -> list[int]:
+        return self.ids[self.start :]
+
+
+class Outcome:
+    """What a step gives the rows: `tokens[i]` and `logprobs[i]` for row i, or `errors[i]` (then tokens[i] is -1)."""
+
+    __slots__ = ("tokens", "logprobs", "errors")
+
+    def __init__(self, n: int):
+        self.tokens = np.full(n, -1, dtype=np.int64)
+        self.logprobs: list = [None] * n
+        self.errors: dict[int, BaseException] = {}
+
+
+def next_tokens(rows: list[Row], logits: np.ndarray, backend_name: str) -> Outcome:
+    """One token per row from `logits` (rows, V), each with its own settings and RNG (as `sample_rows`), and for the
+    rows that ask for them (`Request.logprobs`) the token's log-probability and the top ones, of the model's own
+    distribution (the logits before penalties): `(logprob, [(id, logprob), ...])`. See the module docstring for the
+    errors; `backend_name` names what computed the logits in them."""
+    out = Outcome(len(rows))
+    ok = finite_rows(logits)
+    for i in np.flatnonzero(~ok):
+        out.errors[int(i)] = EngineError(
+            f"{backend_name} computed NaN or infinite logits for token {len(rows[i].ids) - rows[i].prompt_len + 1} "
+            f"of this request: nothing to sample from, so it ends here (a broken model: check its weights and config)"
+        )
+    work = _penalized(rows, logits, out)
+    live = [i for i in range(len(rows)) if i not in out.errors]
+    _sample(rows, work, live, out)
+    wanted = [i for i in live if rows[i].top_logprobs is not None and i not in out.errors]
+    if wanted:
+        _logprobs(rows, logits, wanted, out)
+    return out
+
+
+def _isolated(indices: list[int], out: Outcome, stage: str, batch, alone) -> None:
+    """Runs `batch(indices)`; if it raises, `alone(i)` for each row, and a row whose own run raises ends with its
+    error (an `EngineError` naming `stage`)."""
+    try:
+        batch(indices)
+        return
+    except Exception:  # one of the rows: find which, each alone
+        pass
+    for i in indices:
+        try:
+            alone(i)
+        except Exception as e:
+            out.errors[i] = EngineError(f"{stage} failed for this request: {type(e).__name__}: {e}")
+
+
+def _penalized(rows: list[Row], logits: np.ndarray, out: Outcome) -> np.ndarray:
+    """The logits after each row's penalties (a copy where any row has them); a row whose penalties fail or make
+    its logits non-finite ends with an error."""
+    penalized = [i for i, r in enumerate(rows) if (r.seen is not None or r.counts is not None) and i not in out.errors]
+    if not penalized:
+        return logits
+    work = logits.copy()
+
+    def penalize(i: int) -> None:
+        row = rows[i]
+        if row.seen is not None:
+            apply_repetition_penalty(work[i], row.seen, row.sampling.repetition_penalty)
+        if row.counts is not None:
+            apply_openai_penalties(work[i], row.counts, row.sampling)
+
+    for i in penalized:  # per row: each has its own state
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                penalize(i)
+        except Exception as e:
+            out.errors[i] = EngineError(f"the penalties failed for this request: {type(e).__name__}: {e}")
+            continue
+        if not np.isfinite(work[i]).all():
+            s = row_settings(rows[i].sampling)
+            out.errors[i] = EngineError(
+                f"the penalties ({s}) made this request's logits infinite for token "
+                f"{len(rows[i].ids) - rows[i].prompt_len + 1}: nothing to sample from, so it ends here"
+            )
+    return work
+
+
+def row_settings(s: SamplingParams) -> str:
+    return (
+        f"repetition_penalty {s.repetition_penalty:g}, presence_penalty {s.presence_penalty:g}, "
+        f"frequency_penalty {s.frequency_penalty:g}"
+    )
+
+
+def _sample(rows: list[Row], work: np.ndarray, live: list[int], out: Outcome) -> None:
+    """Each live row's token: all rows at once (rows that share settings as one group), or, if that raises, each row
+    alone, so that a failure is the failing row's. Every sampling row draws its one uniform number first, so a retry
+    draws nothing again."""
+    if not live:
+        return
+    params = [rows[i].sampling for i in live]
+    u = dict(zip(live, draw_uniforms(params, [rows[i].rng for i in live]), strict=True))
+
+    def batch(indices):
+        chosen = [rows[i].sampling for i in indices]
+        out.tokens[indices] = sample_groups(work[indices], chosen, np.array([u[i] for i in indices]))
+
+    def alone(i):
+        out.tokens[i] = sample_groups(work[i : i + 1], [rows[i].sampling], np.array([u[i]]))[0]
+
+    _isolated(live, out, "sampling", batch, alone)
+
+
+def _logprobs(rows: list[Row], logits: np.ndarray, wanted: list[int], out: Outcome) -> None:
+    def batch(indices):
+        lp = log_softmax(logits[indices])  # (k, V), float64
+        most = max(rows[i].top_logprobs for i in indices)
+        top = np.argsort(-lp, axis=-1, kind="stable")[:, :most]  # (k, most)
+        for k, i in enumerate(indices):
+            ids = top[k, : rows[i].top_logprobs]
+            out.logprobs[i] = (float(lp[k, out.tokens[i]]), [(int(t), float(lp[k, t])) for t in ids])
+
+    _isolated(wanted, out, "the logprobs", batch, lambda i: batch([i]))
