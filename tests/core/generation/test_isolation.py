@@ -258,3 +258,60 @@ def test_a_request_is_checked_once_and_held_by_reference(monkeypatch):
     finally:
         scheduler.close()
     assert checks.count("temperature") == 1
+
+
+@pytest.fixture(scope="module")
+def api_url(exported_dir, tmp_path_factory):
+    import shutil
+
+    from gpt_serve.api import create_app
+    from gpt_serve.generation.registry import ModelRegistry
+    from tests.helpers import serving
+
+    root = tmp_path_factory.mktemp("isolation-models")
+    shutil.copytree(exported_dir, root / "tiny")
+    registry = ModelRegistry.discover(models_root=root, expected=(), threads=1, max_batch=16)
+    with serving(create_app(registry, default_backend="onnx-int8")) as url:
+        yield url
+    registry.close()
+
+
+def test_over_the_api_a_failing_request_ends_alone_beside_streams_and_other_requests(api_url, monkeypatch):
+    """The issue's case: 8 streams and 2 plain requests running; the body with `repetition_penalty` 1e-300 is a 400
+    now, and a request whose penalties fail in the engine (injected) is a 422; every other request ends normally,
+    the streams with `[DONE]`."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    penalize = rows_module.apply_repetition_penalty
+
+    def failing(logits, seen, penalty):
+        if penalty == 1.5:
+            raise FloatingPointError("injected")
+        return penalize(logits, seen, penalty)
+
+    monkeypatch.setattr(rows_module, "apply_repetition_penalty", failing)
+    body = {"model": "tiny", "prompt": "ROMEO:", "max_tokens": 60, "seed": 1}
+
+    def stream(i):
+        text = httpx.post(f"{api_url}/v1/completions", json={**body, "seed": i, "stream": True}, timeout=60).text
+        return [e.removeprefix("data: ") for e in text.split("\n\n") if e]
+
+    def plain(extra):
+        return httpx.post(f"{api_url}/v1/completions", json={**body, **extra}, timeout=60)
+
+    with ThreadPoolExecutor(12) as pool:
+        streams = [pool.submit(stream, i) for i in range(8)]
+        plains = [pool.submit(plain, {"seed": 20 + i}) for i in range(2)]
+        refused = pool.submit(plain, {"max_tokens": 5, "repetition_penalty": 1e-300})
+        failed = pool.submit(plain, {"max_tokens": 5, "repetition_penalty": 1.5})
+        assert refused.result().status_code == 400 and "repetition_penalty" in refused.result().text
+        assert failed.result().status_code == 422, failed.result().text
+        assert "the penalties failed for this request" in failed.result().json()["error"]["message"]
+        for s in streams:
+            events = s.result()
+            assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+        for p in plains:
+            assert p.result().status_code == 200 and len(p.result().json()["choices"][0]["text"]) == 60
