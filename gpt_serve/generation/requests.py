@@ -132,11 +132,6 @@ class Stream:
     # -- the scheduler's side --
 
     @property
-    def ended(self) -> bool:
-        """The scheduler is done with the request (its end is queued for `take`)."""
-        return self._ended.is_set()
-
-    @property
     def ready(self) -> bool:
         """`take` would return at once: a token is queued, or the end."""
         return not self._tokens.empty() or self._ended.is_set()
@@ -209,8 +204,6 @@ class Scoring:
     @property
     def ready(self) -> bool:
         return self._ended.is_set()
-
-    ended = ready
 
     @property
     def waiter(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Future] | None:

@@ -136,7 +136,7 @@ def _penalized(rows: list[Row], logits: np.ndarray, out: Outcome) -> np.ndarray:
             out.errors[i] = EngineError(f"the penalties failed for this request: {type(e).__name__}: {e}")
             continue
         if not np.isfinite(work[i]).all():
-            s = row_settings(rows[i].sampling)
+            s = _penalty_settings(rows[i].sampling)
             out.errors[i] = EngineError(
                 f"the penalties ({s}) made this request's logits infinite for token "
                 f"{len(rows[i].ids) - rows[i].prompt_len + 1}: nothing to sample from, so it ends here"
@@ -144,7 +144,7 @@ def _penalized(rows: list[Row], logits: np.ndarray, out: Outcome) -> np.ndarray:
     return work
 
 
-def row_settings(s: SamplingParams) -> str:
+def _penalty_settings(s: SamplingParams) -> str:
     return (
         f"repetition_penalty {s.repetition_penalty:g}, presence_penalty {s.presence_penalty:g}, "
         f"frequency_penalty {s.frequency_penalty:g}"
