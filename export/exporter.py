@@ -2,7 +2,8 @@
 
 The graphs are written to a temporary folder next to the model, checked (see `export.validate`), and moved into
 `MODEL_DIR/onnx/` only when every check passes, so a failed export never replaces a working one. The model card
-(`MODEL_DIR/README.md`) then gets its ONNX section.
+(`MODEL_DIR/README.md`) then gets its ONNX section. Nothing is written through a symbolic link (`gpt_serve.files`):
+a folder whose `README.md`, `onnx/` or `onnx/*` file is a link is refused before the export starts.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import onnxruntime as ort
 import torch
 
 from gpt_serve.corpus import train_val_split
+from gpt_serve.files import folder_to_write, refuse_link
 from gpt_serve.generation import load_backend
 from gpt_serve.generation.onnx_session import load_session, weights_sha256
+from gpt_serve.models import ONNX_FILE_NAMES
 from gpt_serve.onnx_contract import (
     FP32_FILE_NAME,
     INPLACE_FP32_FILE_NAME,
@@ -139,6 +142,7 @@ def export_model(
         raise ValueError("the int8 check needs the validation text: pass text= (the training corpus) or quantize=False")
     loaded = load_backend(model_dir, "torch")  # the library's checks of the folder, weights and vocabulary
     folder, vocab, model = loaded.folder, loaded.vocab, loaded.backend.pretrained.float()
+    check_no_links(folder)
     block_size = model.config.block_size
     if isinstance(decode_steps, bool) or not isinstance(decode_steps, int) or not 1 <= decode_steps < block_size:
         raise ValueError(
@@ -163,6 +167,13 @@ def export_model(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report
+
+
+def check_no_links(folder: Path) -> None:
+    """A ValueError naming the first path the export would write that is a symbolic link: the card, `onnx/`, or a file
+    in it (`gpt_serve.files`: nothing is written through a link, whose target may be outside the folder)."""
+    for path in (folder / "README.md", folder / ONNX_SUBDIR, *(folder / ONNX_SUBDIR / n for n in ONNX_FILE_NAMES)):
+        refuse_link(path)
 
 
 def remove_stale_work_folders(folder: Path) -> None:
@@ -266,9 +277,9 @@ def _check_int8_loss(model, vocab, sessions, text, text_source, max_increase, va
 
 
 def _install(onnx_dir: Path, files: list[Path], quantized: bool, report: ExportReport) -> None:
-    onnx_dir.mkdir(exist_ok=True)
+    folder_to_write(onnx_dir)  # refuses a link (checked before the export too: `check_no_links`)
     for path in files:
-        os.replace(path, onnx_dir / path.name)
+        os.replace(path, refuse_link(onnx_dir / path.name))
     if not quantized:  # an fp32-only export leaves no stale int8 graph behind
         (onnx_dir / INT8_FILE_NAME).unlink(missing_ok=True)
         (onnx_dir / INPLACE_INT8_FILE_NAME).unlink(missing_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpt_serve.files import check_regular, refuse_link, write_file
 from gpt_serve.models import MODELS_DIR
 
 from .exporter import ExportReport
@@ -139,13 +140,14 @@ no sliding window) and treats {eos} as end of text.
 
 
 def update_model_card(model_dir: Path, section: str) -> Path:
-    """Puts `section` into `model_dir/README.md`, replacing an earlier ONNX section and keeping everything else."""
-    path = Path(model_dir) / "README.md"
-    text = path.read_text(encoding="utf-8") if path.is_file() else f"# {Path(model_dir).name}\n"
+    """Puts `section` into `model_dir/README.md`, replacing an earlier ONNX section and keeping everything else. The
+    card is replaced whole (`gpt_serve.files.write_file`); a card that is a symbolic link is refused before it is read,
+    so neither the link's target is changed nor its text copied into the folder."""
+    path = refuse_link(Path(model_dir) / "README.md")  # before it is read: a link's target is not copied in either
+    text = check_regular(path).read_text(encoding="utf-8") if path.is_file() else f"# {Path(model_dir).name}\n"
     begin, end = text.find(CARD_BEGIN), text.find(CARD_END)
     if begin != -1 and end > begin:
         text = text[:begin] + section.rstrip("\n") + text[end + len(CARD_END) :]
     else:
         text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
-    return path
+    return write_file(path, text if text.endswith("\n") else text + "\n")

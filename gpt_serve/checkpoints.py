@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .files import check_regular
 from .vocab import CharVocab
 
 LESSON, NANOGPT = "lesson", "nanogpt"
@@ -31,7 +32,7 @@ def read_source(path: str | os.PathLike) -> tuple[str, Any]:
 
     Read with `torch.load(weights_only=True)`: tensors and plain containers only, nothing else is built or run.
     """
-    path = Path(path)
+    path = check_regular(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
@@ -90,7 +91,7 @@ class _VocabUnpickler(pickle.Unpickler):
 def read_meta(path: str | os.PathLike) -> CharVocab:
     """The character vocabulary in nanoGPT's `meta.pkl` (`{'vocab_size': n, 'itos': {id: char}, 'stoi': {...}}`),
     read by an unpickler that admits only dicts, strings and integers; a ValueError for anything else."""
-    path = Path(path)
+    path = check_regular(path)
     if not path.is_file():
         raise FileNotFoundError(f"meta.pkl not found: {path}")
     data = path.read_bytes()

@@ -418,9 +418,13 @@ def _import_parser(sub) -> None:
 
 
 def _copy(args: argparse.Namespace) -> int:
-    from .publishing import write_self_contained
+    from .models import model_path
+    from .publishing import plan_copy, write_self_contained
 
+    skipped = plan_copy(model_path(args.model)).skipped
     out = write_self_contained(args.model, args.out, replace=args.force)
+    for name, why in skipped:
+        print(f"gpt-serve copy: skipped {name}: {why}", file=sys.stderr)
     print(
         f"gpt-serve copy: wrote {out}: it loads without gpt-serve, "
         f'AutoModelForCausalLM.from_pretrained("{out}", trust_remote_code=True)',
@@ -435,7 +439,8 @@ def _copy_parser(sub) -> None:
         help="write a self-contained copy of a model (its code included): for plain transformers or the Hub",
         description="Copy a shipped model (by name) or a model folder into a new folder that also holds the "
         "model's code, so that plain transformers loads it with trust_remote_code=True: what a Hugging Face Hub "
-        "repository holds (upload the folder as it is). Written whole or not at all.",
+        "repository holds (upload the folder as it is). It holds the model's files only: other code files, pickles, "
+        "symbolic links and unknown files are skipped, and named. Written whole or not at all.",
     )
     c.add_argument("model", help="shipped model name or model folder")
     c.add_argument("out", help="the folder to write (must not exist, unless --force)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
+from .config_limits import DTYPES, check_dtype, check_limits
+
 INIT_SCHEMES = ("normal", "pytorch")
 ACTIVATIONS = ("relu", "gelu")
 # What the attention scores are divided by the square root of: the lesson's final gpt.py and nanoGPT use the head
@@ -151,6 +153,8 @@ class CharGPTConfig(PretrainedConfig):
         self.vocab_sha256 = vocab_sha256
         self.bos_token_id, self.eos_token_id, self.pad_token_id = bos_token_id, eos_token_id, pad_token_id
         kwargs.setdefault("tie_word_embeddings", False)
+        for name in ("dtype", "torch_dtype"):  # before transformers turns the string into an attribute of torch
+            check_dtype(kwargs.get(name), name)
         super().__init__(**kwargs)
         self._validate()
 
@@ -159,19 +163,10 @@ class CharGPTConfig(PretrainedConfig):
         return self.n_embd // self.n_head
 
     def _validate(self) -> None:
-        for name in ("vocab_size", "block_size", "n_embd", "n_head", "n_layer"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}) so each head gets "
-                f"n_embd // n_head channels"
-            )
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if isinstance(self.ffwd_mult, bool) or not isinstance(self.ffwd_mult, int) or self.ffwd_mult < 0:
-            raise ValueError(f"ffwd_mult must be an integer >= 0 (0 = no feed-forward), got {self.ffwd_mult!r}")
+        # the sizes, their totals, dropout, eps, token ids and dtype: bounded (`config_limits`, docs/model.md)
+        names = ("vocab_size", "block_size", "n_embd", "n_head", "n_layer", "ffwd_mult", "dropout")
+        names += ("layer_norm_eps", "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id", "dtype")
+        check_limits({name: getattr(self, name, None) for name in names})
         if not self.ffwd_proj and self.ffwd_mult not in (0, 1):
             raise ValueError(
                 "ffwd_proj=False needs ffwd_mult=1 (Linear(n, n) -> ReLU keeps the width), "
@@ -201,4 +196,4 @@ class CharGPTConfig(PretrainedConfig):
 # save_pretrained copies this file into the folder and writes `auto_map` (for trust_remote_code=True).
 CharGPTConfig.register_for_auto_class()
 
-__all__ = ["ACTIVATIONS", "ATTN_SCALES", "CharGPTConfig", "INIT_SCHEMES"]
+__all__ = ["ACTIVATIONS", "ATTN_SCALES", "DTYPES", "CharGPTConfig", "INIT_SCHEMES"]

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from .files import check_regular
+
 logger = logging.getLogger(__name__)
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -75,7 +77,7 @@ def download_tiny_shakespeare(dest: str | os.PathLike | None = None) -> Path:
 
 def load_text(path: str | os.PathLike | None = None) -> str:
     """The corpus at `path`, or Tiny Shakespeare (downloaded once) when `path` is None."""
-    path = Path(path) if path is not None else download_tiny_shakespeare()
+    path = check_regular(Path(path) if path is not None else download_tiny_shakespeare())
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path} (pass --data PATH to a UTF-8 text file)")
     try:

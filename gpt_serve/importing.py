@@ -38,6 +38,7 @@ import torch
 from .checkpoints import LESSON, NANOGPT, describe, find_meta, read_meta, read_source, strip_compile_prefix
 from .configuration_chargpt import ATTN_SCALES, CharGPTConfig
 from .corpus import TINY_SHAKESPEARE_CHARS, load_text
+from .files import refuse_link
 from .modeling_chargpt import CharGPTForCausalLM, upgrade_state_dict
 from .tokenization_chargpt import CharTokenizer
 from .vocab import CharVocab
@@ -331,7 +332,7 @@ def import_checkpoint(
     `out` must not exist (an empty folder is fine) unless `force`; `command` is recorded in the model card. Bad input
     raises a ValueError (or FileNotFoundError) before anything is written; a full disk an OSError saying so.
     """
-    out = Path(out)
+    out = refuse_link(out)  # nothing is written through a link (`gpt_serve.files`)
     if out.exists() and not out.is_dir():
         raise ValueError(f"the output {out} exists and is not a folder")
     if out.exists() and any(out.iterdir()):

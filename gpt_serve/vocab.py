@@ -11,6 +11,8 @@ import json
 import os
 from collections.abc import Iterable
 
+from .files import check_regular
+
 VOCAB_FILE_NAME = "vocab.json"
 # The same table for the `tokenizers` library, derived from vocab.json when a tokenizer is saved.
 FAST_TOKENIZER_FILE_NAME = "tokenizer.json"
@@ -60,7 +62,7 @@ class CharVocab:
     def from_file(cls, path: str | os.PathLike, **kwargs) -> CharVocab:
         """Reads a `vocab.json` ({character: id}) as written by `save`."""
         try:
-            with open(path, encoding="utf-8") as f:
+            with open(check_regular(path), encoding="utf-8") as f:
                 mapping = json.load(f)
         except FileNotFoundError:
             raise FileNotFoundError(f"vocabulary file not found: {path}") from None
@@ -85,6 +87,7 @@ class CharVocab:
 
     def check_tokenizer_file(self, path: str | os.PathLike, vocab_file: str | os.PathLike = VOCAB_FILE_NAME) -> None:
         """A ValueError unless the `tokenizer.json` at `path` maps the characters as this vocabulary does."""
+        check_regular(path)
         try:
             with open(path, encoding="utf-8") as f:
                 table = json.load(f)["model"]["vocab"]

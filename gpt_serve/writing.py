@@ -6,6 +6,8 @@
 - `explain_write_error`: a full disk reported as one (torch's serializer says "PytorchStreamWriter failed writing
   file" without naming the cause).
 - `file_mode`: the usual permissions (0644 under the common umask), not the 0600 of a `tempfile` file.
+- One file replaced whole, and the rule that nothing is written through a symbolic link: `gpt_serve.files`
+  (`write_file`, `refuse_link`); `write_new_folder` refuses an output folder that is a link.
 
 Torch-free. The training app (`training/outputs.py`) and the importer (`gpt_serve.importing`) share them.
 """
@@ -18,6 +20,8 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from .files import refuse_link
 
 LOW_SPACE_BYTES = 16 * 2**20
 
@@ -59,6 +63,8 @@ def fill(tmp: Path, write: Callable[[Path], None]) -> None:
         raise explain_write_error(e, tmp) from None
     mode = file_mode()
     for path in (tmp, *tmp.rglob("*")):
+        if path.is_symlink():  # chmod would change the link's target, which may be anywhere
+            continue
         os.chmod(path, (mode | 0o111) if path.is_dir() else mode)
 
 
@@ -74,7 +80,7 @@ def write_new_folder(out: str | os.PathLike, write: Callable[[Path], None], repl
     complete. A failure (an exception from `write`, a full disk, a kill) leaves no trace: no `out` (or the old
     one), no temporary folder, no parent folder created for it.
     """
-    out = Path(out)
+    out = refuse_link(out)  # a link's target, wherever it is, is never filled or swapped out (`gpt_serve.files`)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} exists and is not a folder")
     if not (replace or is_free(out)):

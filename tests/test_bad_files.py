@@ -3,6 +3,7 @@ clear error naming the problem (exit status 2 on the command lines, no traceback
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -98,6 +99,33 @@ DAMAGE = {
         lambda f: edit_json(f / "tokenizer.json", lambda t: t["model"]["vocab"].update(a=64)),
         ["torch", "onnx"],
         "disagree on the vocabulary",
+    ),
+    # issue 32: a config's numbers are bounded before anything is built (each was a 500, a traceback or a hang)
+    "config block_size 10**400": (
+        lambda f: edit_json(f / "config.json", lambda c: c.update(block_size=10**400)),
+        ["torch", "onnx"],
+        "block_size must be a positive integer of at most 65,536, got an integer of 401 digits",
+    ),
+    "config dtype code": (
+        lambda f: edit_json(f / "config.json", lambda c: c.update(dtype="__import__('os')")),
+        ["torch", "onnx"],
+        r"dtype must be one of \['float32', 'float16', 'bfloat16'\]",
+    ),
+    "config n_layer 1000000": (
+        lambda f: edit_json(f / "config.json", lambda c: c.update(n_layer=1000000)),
+        ["torch", "onnx"],
+        "n_layer must be a positive integer of at most 256, got 1000000",
+    ),
+    # issue 32: readers take regular files only (a FIFO blocked `gpt-serve generate`; /dev/zero was "no weights")
+    "vocab a FIFO": (
+        lambda f: ((f / "vocab.json").unlink(), os.mkfifo(f / "vocab.json")),
+        ["torch", "onnx"],
+        r"vocab.json is not a regular file: it is a FIFO",
+    ),
+    "weights a link to /dev/zero": (
+        lambda f: ((f / "model.safetensors").unlink(), os.symlink("/dev/zero", f / "model.safetensors")),
+        ["torch", "onnx"],
+        r"model.safetensors is not a regular file: it is a character device \(a link to /dev/zero\)",
     ),
     "onnx graph empty": (lambda f: _truncate(f / "onnx" / "model.onnx", 0), ["onnx"], "model.onnx"),
     "onnx graph truncated": (lambda f: _truncate(f / "onnx" / "model.onnx", 5000), ["onnx"], "model.onnx"),

@@ -6,6 +6,9 @@
 - Temporary files of an interrupted run (`.save-*/`, `checkpoints/.*.tmp`, `metrics.tmp.jsonl`, `loss.tmp.png`)
   are removed when the next run starts in the same folder (`remove_stale_temp_files`), once it holds the folder's
   lock (`lock_folder`): a second run started by mistake never deletes a running one's files.
+- Nothing is written through a symbolic link (`gpt_serve.files`): an output folder that is a link, or holds one
+  (a file, `checkpoints/` or a file in it), is refused when the run starts (`refuse_links`), before anything is
+  written; the files moved in are checked again.
 - A full disk is reported as one, and files get the usual permissions (`explain_write_error`, `file_mode`: the
   library's `gpt_serve.writing`, which the importer shares).
 """
@@ -19,6 +22,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from gpt_serve.files import refuse_link
 from gpt_serve.writing import LOW_SPACE_BYTES, explain_write_error, file_mode, fill  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
@@ -42,7 +46,7 @@ def publish_folder(out: Path, write: Callable[[Path], None]) -> None:
         fill(tmp, write)  # a full disk named as one; the usual file modes
         (out / LAST).unlink(missing_ok=True)  # a folder saved before: not a model folder until the new one lands
         for name in sorted((p.name for p in tmp.iterdir()), key=lambda n: (n == LAST, n)):
-            os.replace(tmp / name, out / name)
+            os.replace(tmp / name, refuse_link(out / name))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -61,11 +65,22 @@ def remove_stale_temp_files(out: Path) -> list[Path]:
     return stale
 
 
+def refuse_links(out: Path) -> None:
+    """A ValueError naming the first symbolic link among what a run writes: `out` itself, an entry of it, `checkpoints/`
+    or an entry of it. A run writes regular files into folders it made; a link's target may be anywhere."""
+    for folder in (out, out / "checkpoints"):
+        refuse_link(folder)
+        if folder.is_dir():
+            for path in sorted(folder.iterdir()):
+                refuse_link(path)
+
+
 def lock_folder(out: Path):
     """Holds an exclusive lock on `out/.lock` (an open file; released when it is closed, or the process ends); a
     ValueError if another process holds it."""
     import fcntl
 
+    refuse_links(out)  # before the lock file is opened: it could be a link too
     out.mkdir(parents=True, exist_ok=True)
     handle = open(out / ".lock", "a+")  # noqa: SIM115 -- held for the run, closed by the caller
     try:

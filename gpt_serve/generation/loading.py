@@ -3,8 +3,10 @@
 Every application (the `gpt-serve` CLI, the demo, the export, the benchmarks) loads models through it, so every
 backend gets the same checks of the folder before anything runs:
 
-- the folder is a model folder, and its `config.json` is readable, a chargpt config, and every number in it is
-  finite (`NaN` or `Infinity` in `layer_norm_eps` would make every logit NaN);
+- the folder is a model folder whose files are regular files (`gpt_serve.files`: a FIFO or a link to a device is
+  named, never opened), and its `config.json` is readable, a chargpt config, and every number in it is
+  finite (`NaN` or `Infinity` in `layer_norm_eps` would make every logit NaN) and within its limit
+  (`gpt_serve.config_limits`: a config that would build a huge model, or none, is refused before anything is built);
 - `vocab.json` is readable, as long as the model's vocabulary (`vocab_size`), the vocabulary the model was
   trained with (`vocab_sha256` in the config), and agrees with `tokenizer.json` (when present). A config without
   `vocab_sha256` is checked another way: its vocabulary must be in the lesson's order (`sorted(set(text))`, what
@@ -29,8 +31,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config_limits import check_limits
 from ..extras import MissingDependency, missing_extra
-from ..models import WEIGHTS_FILE_NAME, model_path, read_config
+from ..files import check_regular, write_file
+from ..models import WEIGHTS_FILE_NAME, check_model_files, model_path, read_config
 from ..vocab import FAST_TOKENIZER_FILE_NAME, VOCAB_FILE_NAME, CharVocab
 from .backend import Backend
 from .spec import BACKENDS, resolve_backend  # noqa: F401 (the table of backends, re-exported)
@@ -78,6 +82,7 @@ def load_backend(
     key = check_backend_key(backend)
     threads = check_threads(threads)
     folder = model_path(model)
+    check_model_files(folder)  # regular files only: a FIFO as vocab.json would block, /dev/zero never ends
     config = read_config(folder)
     check_config_numbers(folder, config)
     vocab = check_vocab(folder, config)
@@ -94,14 +99,16 @@ def load_backend(
 
 def check_config_numbers(folder: Path, config: dict) -> None:
     """A ValueError naming the field unless every number in `config.json` is finite (Python's json reads `NaN` and
-    `Infinity`), and `layer_norm_eps` is > 0."""
+    `Infinity`) and within its limit (`gpt_serve.config_limits`: sizes, the model's total, `layer_norm_eps` > 0,
+    `dtype` one of float32, float16, bfloat16)."""
     config_file = folder / "config.json"
     for key, value in config.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{config_file}: {key} is {value}, not a finite number; the model would compute NaN")
-    eps = config.get("layer_norm_eps", 1e-5)
-    if isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps <= 0:
-        raise ValueError(f"{config_file}: layer_norm_eps must be a number > 0 (the lesson's is 1e-05), got {eps}")
+    try:
+        check_limits(config)  # every size bounded, and their totals: before a tensor or a session is built
+    except ValueError as e:
+        raise ValueError(f"{config_file}: {e}") from None
 
 
 RECORD_VOCAB_COMMAND = "gpt-serve record-vocab"
@@ -152,7 +159,7 @@ def _torch_backend(folder: Path, threads: int | None):
             name=e.name,
         ) from None
 
-    weights = folder / WEIGHTS_FILE_NAME
+    weights = check_regular(folder / WEIGHTS_FILE_NAME)
     if not weights.is_file():
         found = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".safetensors"))
         raise FileNotFoundError(
@@ -207,8 +214,5 @@ def record_vocab_sha256(model: str | os.PathLike) -> tuple[Path, str]:
     if len(vocab) != config.get("vocab_size"):
         check_vocab(folder, config)  # its message names the sizes
     config["vocab_sha256"] = vocab.sha256
-    path = folder / "config.json"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    path = write_file(folder / "config.json", json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
     return path, vocab.sha256

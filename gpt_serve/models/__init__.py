@@ -16,11 +16,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..files import check_regular
+from ..onnx_contract import FP32_FILE_NAME, INPLACE_FP32_FILE_NAME, INPLACE_INT8_FILE_NAME, INT8_FILE_NAME, ONNX_SUBDIR
+
 MODELS_DIR = Path(__file__).resolve().parent
 DEFAULT_MODEL = "shakespeare"
 CONFIG_FILE_NAME = "config.json"
 WEIGHTS_FILE_NAME = "model.safetensors"
 MODEL_TYPE = "chargpt"
+# What a model folder holds, by name: what `save_pretrained` of the model and tokenizer writes, the card, and the
+# training's figure and metrics beside it. Loading checks that each present is a regular file (`check_model_files`);
+# `gpt-serve copy` writes these and nothing else (`gpt_serve.publishing`).
+MODEL_FILE_NAMES = (
+    CONFIG_FILE_NAME, WEIGHTS_FILE_NAME, "vocab.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "generation_config.json", "README.md", "loss.png", "metrics.jsonl",
+)  # fmt: skip
+# What the export writes into `onnx/` (the graphs, and onnxruntime-genai's config and tokenizer files).
+ONNX_FILE_NAMES = (
+    FP32_FILE_NAME, INT8_FILE_NAME, INPLACE_FP32_FILE_NAME, INPLACE_INT8_FILE_NAME, "genai_config.json",
+    "tokenizer.json", "tokenizer_config.json",
+)  # fmt: skip
 # The lesson's ladder, shipped as `ladder-a` .. `ladder-e`: what each stage adds to the one before
 # (the training presets and the demo's comparison both show it).
 LADDER = {
@@ -60,13 +75,14 @@ def model_path(name: str | os.PathLike = DEFAULT_MODEL) -> Path:
     if isinstance(name, str) and is_model_folder(MODELS_DIR / name):
         return MODELS_DIR / name
     if candidate.is_dir():
+        check_regular(candidate / CONFIG_FILE_NAME)  # a FIFO or a device named config.json: say so
         raise ValueError(f"{name} is a folder but not a model folder: it has no {CONFIG_FILE_NAME}")
     raise ValueError(f"unknown model {str(name)!r}: shipped models are {list_models()}, or pass a model folder path")
 
 
 def read_config(folder: str | os.PathLike) -> dict[str, Any]:
     """`config.json` of a model folder as a dict, with a clear error for a missing, unreadable or foreign file."""
-    path = Path(folder) / CONFIG_FILE_NAME
+    path = check_regular(Path(folder) / CONFIG_FILE_NAME)
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
@@ -79,8 +95,19 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
     return config
 
 
+def check_model_files(folder: str | os.PathLike) -> None:
+    """A ValueError naming the first of the folder's model files (`MODEL_FILE_NAMES`, and `ONNX_FILE_NAMES` in
+    `onnx/`) that is there but not a regular file: a FIFO would block whoever opens it, a device never ends."""
+    folder = Path(folder)
+    for path in (*(folder / n for n in MODEL_FILE_NAMES), *(folder / ONNX_SUBDIR / n for n in ONNX_FILE_NAMES)):
+        check_regular(path)
+
+
 __all__ = [
     "DEFAULT_MODEL",
+    "MODEL_FILE_NAMES",
+    "ONNX_FILE_NAMES",
+    "check_model_files",
     "LADDER",
     "MODELS_DIR",
     "discover",

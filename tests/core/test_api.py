@@ -125,6 +125,32 @@ def test_an_unknown_model_is_a_404_and_a_missing_export_a_503(api):
         client.completions.create(model="ladder-a", prompt="x", max_tokens=2, extra_body={"backend": "onnx"})
 
 
+BAD_CONFIGS = {  # issue 32: each was a 500 (or no answer) before the config's numbers were bounded
+    "huge-block": ({"block_size": 10**400}, "block_size must be a positive integer of at most 65,536"),
+    "code-dtype": ({"dtype": "__import__('os')"}, "dtype must be one of ['float32', 'float16', 'bfloat16']"),
+    "million-layers": ({"n_layer": 1000000}, "n_layer must be a positive integer of at most 256, got 1000000"),
+}
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_a_model_whose_config_is_out_of_bounds_is_a_503_naming_the_field(models_root, tmp_path, backend):
+    import shutil
+
+    from gpt_serve.api import create_app
+    from tests.conftest import edit_json
+
+    for name, (change, _) in BAD_CONFIGS.items():
+        shutil.copytree(models_root / "tiny", tmp_path / name)
+        edit_json(tmp_path / name / "config.json", lambda c, change=change: c.update(change))
+    registry = ModelRegistry.discover(models_root=tmp_path, expected=(), threads=1)
+    with serving(create_app(registry)) as url:
+        for name, (_, message) in BAD_CONFIGS.items():
+            body = {"model": name, "prompt": "ROMEO:", "max_tokens": 2, "backend": backend}
+            response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert response.status_code == 503, (name, response.text)
+            assert message in response.json()["error"]["message"], response.text
+
+
 def test_a_full_queue_is_a_429_and_a_client_that_leaves_frees_its_row(api):
     client, url, registry = api
     long = {"model": "tiny", "prompt": "ROMEO:", "max_tokens": 2000, "stream": True, "window_mode": "refill"}

@@ -84,3 +84,40 @@ def test_the_switches_default_to_the_lesson_and_old_folders_read_as_before(tmp_p
 def test_bad_switches_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CharGPTConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        # issue 32: each of these was a 500, a traceback or a hang before the config refused it
+        (dict(block_size=10**400), "block_size must be a positive integer of at most 65,536, got an integer of 401"),
+        (dict(n_layer=1000000), "n_layer must be a positive integer of at most 256, got 1000000"),
+        (dict(dtype="__import__('os')"), "dtype must be one of \\['float32', 'float16', 'bfloat16'\\]"),
+        (dict(torch_dtype="float64"), "torch_dtype must be one of"),
+        (dict(vocab_size=0x110001), "vocab_size must be a positive integer of at most 1,114,112"),
+        (dict(n_embd=2**15, n_head=4), "n_embd must be a positive integer of at most 16,384"),
+        (dict(n_head=512, n_embd=1024), "n_head must be a positive integer of at most 256"),
+        (dict(ffwd_mult=17), "ffwd_mult must be an integer >= 0 and <= 16"),
+        (dict(layer_norm_eps=float("nan")), "layer_norm_eps must be a number > 0"),
+        (dict(initializer_range=1e308 * 10), "initializer_range must be a number in \\[0, 1.0\\]"),
+        (dict(pad_token_id=66), "pad_token_id must be absent or an id in \\[0, vocab_size\\] = \\[0, 65\\]"),
+        # each size within its limit, the total not: 16384 wide x 256 layers
+        (dict(n_embd=2**14, n_head=16, n_layer=256), "about [\\d,]+ parameters .* more than the 1,000,000,000"),
+        (
+            dict(n_embd=512, n_head=8, n_layer=256, block_size=2**16, ffwd_mult=0),
+            "KV cache would hold [\\d,]+ numbers .* more than the 1,073,741,824",
+        ),
+    ],
+)
+def test_every_number_is_bounded_before_anything_is_built(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        CharGPTConfig(**kwargs)
+
+
+def test_the_limits_admit_the_dtypes_and_big_real_models():
+    import torch
+
+    for dtype in ("float32", "float16", "bfloat16", torch.bfloat16, None):
+        CharGPTConfig(dtype=dtype)
+    # GPT-2 large's sizes (36 layers x 1280, block 1024) with a character vocabulary: about 0.7B parameters
+    CharGPTConfig(vocab_size=65, block_size=1024, n_embd=1280, n_head=20, n_layer=36)

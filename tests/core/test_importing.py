@@ -303,6 +303,20 @@ BAD_INPUTS = {
         r"no space left on the device to write",
     ),
     "no checkpoint": (lambda t, m, n, mp: [t / "nothing.pt"], r"checkpoint not found: .*nothing.pt"),
+    # issue 32: a FIFO is named, never opened (it would block); the output folder is never a link's target
+    "a checkpoint that is a FIFO": (
+        lambda t, m, n, mp: (os.mkfifo(t / "gpt.pt"), [t / "gpt.pt"])[1],
+        r"gpt.pt is not a regular file: it is a FIFO",
+    ),
+    "an output folder that is a link": (
+        lambda t, m, n, mp: (
+            (t / "elsewhere").mkdir(),
+            (t / "new").mkdir(),
+            os.symlink(t / "elsewhere", t / "new" / "model"),
+            [save_lesson(m, t / "gpt.pt")],
+        )[-1],
+        r"new/model is a symbolic link \(to .*elsewhere\); gpt-serve never writes through a link",
+    ),
     "an unknown attention scale": (
         lambda t, m, n, mp: [save_lesson(m, t / "gpt.pt"), "--attn-scale", "C"],
         r"attn_scale must be one of \('head_size', 'n_embd'\), got 'C'",

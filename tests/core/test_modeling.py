@@ -215,8 +215,9 @@ def test_save_pretrained_writes_the_remote_code_bundle(tmp_path, tiny_model, tok
     tiny_model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     bundle = sorted(p.name for p in tmp_path.glob("*.py"))
-    # the model, its config and the window rule it shares with the scheduler; the tokenizer is tokenizer.json
-    assert bundle == ["configuration_chargpt.py", "modeling_chargpt.py", "window.py"]
+    # the model, its config and its limits, and the window rule it shares with the scheduler; the tokenizer is
+    # tokenizer.json
+    assert bundle == ["config_limits.py", "configuration_chargpt.py", "modeling_chargpt.py", "window.py"]
 
 
 def test_window_mode_is_a_generation_argument(tiny_model):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from transformers import AutoModel, AutoModelForCausalLM, GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharGPTModel
+from gpt_serve.models import ONNX_FILE_NAMES
+from tests.conftest import edit_json
 
 V = 65
 
@@ -198,6 +201,57 @@ def test_a_copied_shipped_folder_loads_in_plain_transformers(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == f"CharGPTModel {expected}"
     assert main(["copy", "ladder-a", str(out)]) == 2  # an existing folder is not replaced without --force
+
+
+def test_copy_writes_the_model_files_only_and_says_what_it_skipped(tmp_path, capsys):
+    """Issue 32: a folder with a link to a secret file, a foreign code file named by a foreign auto_map entry, and a
+    pickle. The copy holds none of them, its auto_map is ours alone, and its card's snippet imports no foreign code."""
+    import json
+    import os
+    import shutil
+
+    from gpt_serve.cli import main
+    from gpt_serve.models import model_path
+
+    folder = Path(shutil.copytree(model_path("ladder-a"), tmp_path / "F"))
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the secret")
+    os.symlink(secret, folder / "notes.txt")
+    os.symlink(secret, folder / "onnx" / "extra.txt")
+    marker = tmp_path / "evil-ran"
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass Tok: pass\n")
+    for name in ("config.json", "tokenizer_config.json"):
+        edit_json(folder / name, lambda c: c.update(auto_map={"AutoTokenizer": ["evil.Tok", None]}))
+    (folder / "pytorch_model.bin").write_bytes(b"a pickle")
+    out = tmp_path / "OUT"
+    assert main(["copy", str(folder), str(out)]) == 0
+    err = capsys.readouterr().err
+    for name, why in [
+        ("notes.txt", "a symbolic link"), ("onnx/extra.txt", "a symbolic link"), ("evil.py", "a code file"),
+        ("pytorch_model.bin", "a pickle"),
+    ]:  # fmt: skip
+        assert f"skipped {name}: {why}" in err, err
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert files == sorted(
+        ["README.md", "added_tokens.json", "config.json", "config_limits.py", "configuration_chargpt.py",
+         "generation_config.json", "loss.png", "metrics.jsonl", "model.safetensors", "modeling_chargpt.py",
+         "tokenizer.json", "tokenizer_config.json", "vocab.json", "window.py"]
+        + [f"onnx/{n}" for n in ONNX_FILE_NAMES]
+    )  # fmt: skip
+    assert not any(p.is_symlink() for p in out.rglob("*"))
+    assert not any(b"the secret" in p.read_bytes() for p in out.rglob("*") if p.is_file())
+    assert json.loads((out / "config.json").read_text())["auto_map"] == {
+        "AutoConfig": "configuration_chargpt.CharGPTConfig",
+        "AutoModel": "modeling_chargpt.CharGPTModel",
+        "AutoModelForCausalLM": "modeling_chargpt.CharGPTForCausalLM",
+    }
+    assert "auto_map" not in json.loads((out / "tokenizer_config.json").read_text())
+    card = (out / "README.md").read_text()
+    snippet = card.split("```python\n", 1)[1].split("```", 1)[0].replace("PATH", str(out))
+    snippet = snippet.replace("max_new_tokens=200", "max_new_tokens=5")
+    result = run_python(PLAIN + snippet, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists()
 
 
 def test_importing_the_model_module_registers_the_auto_classes_and_the_config_names_its_special_ids(tmp_path):

@@ -277,3 +277,30 @@ def test_model_card_update_keeps_the_rest(tmp_path, exported):
     assert text.count("## ONNX") == 1 and "python -m export Y" in text and "python -m export X" not in text
     assert text.rstrip().endswith("## Later section\n\nKept.")
     assert np.isfinite(report.val_loss.int8)
+
+
+@pytest.mark.parametrize("link", ["README.md", "onnx"])
+def test_the_export_never_writes_through_a_link(tmp_path, tiny_model_dir, capsys, link):
+    """Issue 32: with README.md linked to a file elsewhere, that file grew by the ONNX section; with onnx/ linked to
+    another folder, the graphs were written there. Both are refused with one line naming the link; nothing changes."""
+    import os
+
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "F"))
+    target = tmp_path / ("card.md" if link == "README.md" else "elsewhere")
+    if link == "README.md":
+        target.write_text("# someone else's file\n")
+    else:
+        target.mkdir()
+    os.symlink(target, folder / link)
+    assert main([str(folder), "--no-quantize", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{folder / link} is a symbolic link" in err and "never writes through a link" in err, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    if link == "README.md":
+        assert target.read_text() == "# someone else's file\n"
+        assert not (folder / "onnx").exists()  # refused before the export wrote anything
+        with pytest.raises(ValueError, match="README.md is a symbolic link"):  # the card writer on its own, too
+            update_model_card(folder, "section")
+        assert target.read_text() == "# someone else's file\n"
+    else:
+        assert not any(target.iterdir())
