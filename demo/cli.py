@@ -270,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         if drain is not None:  # the API's open streams end with their [DONE], within --shutdown-timeout
             for stop in (signal.SIGINT, signal.SIGTERM):  # a second signal cuts them now, and never skips the drain
                 signal.signal(stop, lambda signum, frame: drain.cut())
+            print(f"demo: stopping: open API requests get up to {limits.shutdown_timeout:g} s", flush=True)
             drain.close(limits.shutdown_timeout)
         demo.close()
         registry.close()

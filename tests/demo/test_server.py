@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -198,6 +199,35 @@ def test_cli_starts_quickly_and_serves(models_root, tmp_path):
             text += "".join(chunks)
         assert text.endswith("data: [DONE]\n\n") and '"finish_reason": "abort"' in text[-400:], text[-400:]
         assert process.wait(timeout=10) == 0
+        assert "Traceback" not in log.read_text()
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_a_second_ctrl_c_cuts_the_apis_streams_and_the_demo_still_drains(models_root, tmp_path):
+    """Ctrl-C twice (SIGINT, then SIGINT again while the demo drains, its deadline far away): the open stream ends at
+    once with finish_reason "abort" and `data: [DONE]`, and the demo exits 0 (the second Ctrl-C used to interrupt the
+    drain, dropping the stream without its [DONE])."""
+    port = free_port()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "demo.log"
+    cmd = [sys.executable, "-m", "demo", "--models-root", str(models_root), "--model", "tiny", "--port", str(port)]
+    cmd += ["--shutdown-timeout", "60", "--no-preload"]
+    with open(log, "w") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        assert wait_until(lambda: "demo: ready" in log.read_text() or process.poll() is not None, 60, 0.1)
+        long = {"model": "tiny", "prompt": "A", "max_tokens": 100_000, "window_mode": "exact", "stream": True}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=long, timeout=30) as response:
+            chunks = response.iter_text()
+            text = next(chunks)
+            process.send_signal(signal.SIGINT)
+            assert wait_until(lambda: "demo: stopping" in log.read_text(), 10), log.read_text()[-2000:]
+            process.send_signal(signal.SIGINT)
+            text += "".join(chunks)
+        assert text.endswith("data: [DONE]\n\n") and '"finish_reason": "abort"' in text[-400:], text[-400:]
+        assert process.wait(timeout=20) == 0
         assert "Traceback" not in log.read_text()
     finally:
         process.terminate()
