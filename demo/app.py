@@ -28,10 +28,11 @@ from types import SimpleNamespace
 import gradio as gr
 from starlette.middleware import Middleware
 
-from gpt_serve.api_limits import BodyLimits, ServerLimits
+from gpt_serve.api_limits import BodyLimits, ServerLimits, body_limits
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.registry import ModelRegistry
 
+from .access import access_options
 from .attention import VIEW_CSS, VIEW_JS
 from .captions import PENDING_CAPTION, ladder_label, ladder_legend, range_note_js
 from .form import FORM
@@ -63,13 +64,23 @@ STOP_COMPARE_JS = '(generate, compare) => ["", compare]'
 # upload is refused past a few kB; Gradio keeps about 1 MB per page session (a copy of the page's config), so at most
 # 64 sessions are kept, the oldest evicted first (an evicted page keeps working; its attention view's layer selector
 # forgets the last prompt).
-def launch_options(limits: ServerLimits | None = None) -> dict:
-    """`Blocks.launch` arguments: the page's CSS and script, and the limits above (a fresh dict each time: Gradio
-    adds to its `app_kwargs`)."""
+# With an API key, the key guards the page, its Gradio API and the OpenAI-compatible API (`demo.access`).
+def launch_options(
+    limits: ServerLimits | None = None, api_key: str | None = None, metrics_need_key: bool = False
+) -> dict:
+    """`Blocks.launch` arguments: the page's CSS and script, the limits above, and with `api_key` the login and the
+    key check (a fresh dict each time: Gradio adds to its `app_kwargs`)."""
     limits = limits or ServerLimits()
-    body = Middleware(BodyLimits, max_bytes=limits.max_body_bytes, timeout=limits.body_timeout)
+    access = access_options(api_key, metrics_need_key)
+    body = Middleware(BodyLimits, **body_limits(limits))
+    middleware = [*access["middleware"], body]  # the key is checked first: no body is read before it
     return dict(
-        css=CSS, js=ON_LOAD_JS, max_file_size="16kb", state_session_capacity=64, app_kwargs={"middleware": [body]}
+        css=CSS,
+        js=ON_LOAD_JS,
+        max_file_size="16kb",
+        state_session_capacity=64,
+        auth=access["auth"],
+        app_kwargs={"middleware": middleware, **access["app_kwargs"]},
     )
 
 

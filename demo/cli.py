@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             prevent_thread_lock=True,
             max_threads=max(40, 2 * args.concurrency + 8),
             ssr_mode=False,
-            **launch_options(limits),
+            **launch_options(limits, access["api_key"], access["metrics_need_key"]),
             mcp_server=args.mcp,
         )
     except OSError as e:
@@ -268,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         if drain is not None:  # the API's open streams end with their [DONE], within --shutdown-timeout
+            for stop in (signal.SIGINT, signal.SIGTERM):  # a second signal cuts them now, and never skips the drain
+                signal.signal(stop, lambda signum, frame: drain.cut())
+            print(f"demo: stopping: open API requests get up to {limits.shutdown_timeout:g} s", flush=True)
             drain.close(limits.shutdown_timeout)
         demo.close()
         registry.close()

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hmac
 import json
 import secrets
 import time
@@ -45,9 +44,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
 from . import __version__
-from .api_limits import BodyLimits, Drain, ServerLimits, parse_json
+from .api_limits import BodyLimits, Drain, KeyGate, ServerLimits, bears_key, body_limits, open_paths, parse_json
 from .api_metrics import Metrics
 from .api_protocol import (
+    SHUTTING_DOWN,
     APIError,
     Job,
     answer,
@@ -139,8 +139,7 @@ def _route_class(api_key: str | None, allow_origins: tuple[str, ...]) -> type[AP
 
 
 def _bears(http: Request, api_key: str) -> bool:
-    scheme, _, token = http.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+    return bears_key(http.headers.get("authorization", ""), api_key)
 
 
 def create_router(
@@ -198,12 +197,21 @@ def create_router(
     async def body_of(http: Request):
         return parse_json(await http.body())
 
+    async def vocab_request(http: Request, field: str, extra: tuple[str, ...] = ()):
+        """The body and the loaded model of a /tokenize or /detokenize request (a model's first use loads it on a
+        worker thread: the event loop, and every stream on it, goes on meanwhile)."""
+        body = await body_of(http)
+        _known_fields(body, ("model", "backend", field, *extra))
+        loaded = await anyio.to_thread.run_sync(_load_or_refusal, registry, body, default_backend)
+        if isinstance(loaded, APIError):
+            raise loaded
+        return body, loaded
+
     @router.post("/tokenize")
     async def tokenize(http: Request):
         try:
-            body = await body_of(http)
-            loaded, prompt = _vocab_request(registry, body, default_backend, "prompt")
-            ids = _encode(loaded.vocab, prompt, body.get("unk_policy", "error"))
+            body, loaded = await vocab_request(http, "prompt", ("unk_policy",))
+            ids = _encode(loaded.vocab, body.get("prompt"), body.get("unk_policy"))
         except APIError as e:
             return error_response(e)
         return {"count": len(ids), "max_model_len": loaded.block_size, "tokens": ids}
@@ -211,9 +219,8 @@ def create_router(
     @router.post("/detokenize")
     async def detokenize(http: Request):
         try:
-            body = await body_of(http)
-            loaded, ids = _vocab_request(registry, body, default_backend, "tokens")
-            text = _decode(loaded.vocab, ids, "tokens")
+            body, loaded = await vocab_request(http, "tokens")
+            text = _decode(loaded.vocab, body.get("tokens"), "tokens")
         except APIError as e:
             return error_response(e)
         return {"prompt": text}
@@ -222,7 +229,7 @@ def create_router(
         try:
             job = parse(await body_of(http), registry, default_backend, max_tokens_limit)
             if drain.closing:
-                raise APIError(503, "the server is shutting down", None, "server_error")
+                raise APIError(503, "the server is shutting down", None, "server_error", SHUTTING_DOWN)
             choices = await anyio.to_thread.run_sync(_start_or_refusal, registry, job, metrics, drain)
             if isinstance(choices, APIError):
                 raise choices
@@ -268,22 +275,40 @@ def create_router(
     return router
 
 
-def _vocab_request(registry: ModelRegistry, body, default_backend: str, field: str):
+def _known_fields(body, known: tuple[str, ...]) -> None:
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    unknown = [k for k in body if k not in known]
+    if unknown:
+        raise APIError(400, f"unknown field {show_value(unknown[0])}; the fields are {list(known)}", unknown[0])
+
+
+def _load(registry: ModelRegistry, body: dict, default_backend: str):
+    """The loaded (model, backend) a /tokenize or /detokenize body names (loading it on first use: blocks)."""
     model = require_model(body, registry, registry.available)
     try:
-        return registry.backend(model, body.get("backend") or default_backend), body.get(field)
+        return registry.backend(model, check_value("backend", body.get("backend")) or default_backend)
     except ModelUnavailable as e:
         raise APIError(503, str(e), "model", "model_unavailable") from None
     except RequestError as e:
         raise APIError(400, str(e), e.field) from None
 
 
+def _load_or_refusal(registry: ModelRegistry, body: dict, default_backend: str):
+    """`_load` on a worker thread, its refusal returned bare (see `_start_or_refusal`)."""
+    try:
+        return _load(registry, body, default_backend)
+    except APIError as e:
+        e.__context__ = None
+        return e.with_traceback(None)
+
+
 def _encode(vocab, prompt, unk_policy) -> list[int]:
     try:
         prompt = check_value("prompt", prompt)  # text, within the specification's length
-        return encode_prompt(vocab, prompt, unk_policy if unk_policy in ("error", "replace", "drop") else "error")
+        return encode_prompt(vocab, prompt, check_value("unk_policy", unk_policy))
     except RequestError as e:
-        raise APIError(400, str(e), "prompt") from None
+        raise APIError(400, str(e), e.field) from None
 
 
 def _decode(vocab, ids, field: str) -> str:
@@ -473,7 +498,11 @@ def create_app(
     app.state.drain = Drain()
     app.include_router(create_router(registry, drain=app.state.drain, **router_options))
     add_error_handlers(app)
-    app.add_middleware(BodyLimits, max_bytes=limits.max_body_bytes, timeout=limits.body_timeout)
+    app.add_middleware(BodyLimits, **body_limits(limits))
+    # outside BodyLimits: a request without the key is refused from its headers, its body never read; every path
+    # needs it (the OpenAPI pages /docs, /redoc and /openapi.json too) but /health and, unless so configured, /metrics
+    unlocked = open_paths(router_options.get("metrics_need_key", False))
+    app.add_middleware(KeyGate, api_key=router_options.get("api_key"), exempt=lambda method, path: path in unlocked)
     if replica_id is not None:
         app.add_middleware(_ReplicaHeader, replica_id=replica_id)
     return app

@@ -1,9 +1,12 @@
 """What every HTTP server of gpt-serve bounds, so that no request can hold a server's memory or a connection for
 long (`gpt-serve serve`, Ray Serve replicas and the demo all use it; needs the `serve` extra):
 
+- who may send a body: with an API key, a request's headers must bear it before a byte of its body is read (401,
+  `KeyGate`, an ASGI middleware outside `BodyLimits`);
 - the request body: at most `max_body_bytes` (a Content-Length over it is refused unread, a body without one is cut
   off as it passes the limit: 413) and whole within `body_timeout` seconds of the request's headers (408), read
-  before the app sees it (`BodyLimits`, an ASGI middleware);
+  before the app sees it (`BodyLimits`, an ASGI middleware); the bodies being received at once, at most
+  `max_bodies` of them and `max_bodies_bytes` in all (429 `server_busy` past either);
 - the JSON's nesting: at most `MAX_JSON_DEPTH` levels, checked by a scan of the bytes before `json.loads`
   (`parse_json`: 400), so no parser or `repr` recurses past Python's limit;
 - the request's headers: whole within `header_timeout` seconds of connecting, or of the previous answer on a kept-alive
@@ -11,7 +14,8 @@ long (`gpt-serve serve`, Ray Serve replicas and the demo all use it; needs the `
   request's first byte);
 - shutdown: open requests get `shutdown_timeout` seconds to end, then each is cut (its stream ends with
   `finish_reason: "abort"` and `data: [DONE]`), and a client that reads nothing more is dropped `SHUTDOWN_GRACE`
-  seconds later (`Drain`, `run_server`).
+  seconds later (`Drain`, `run_server`); a second SIGINT or SIGTERM cuts them at once, the same way, and never
+  skips the drain.
 
 Refusals are OpenAI's error JSON on every path, and close the connection (a client may still be sending).
 """
@@ -19,8 +23,10 @@ Refusals are OpenAI's error JSON on every path, and close the connection (a clie
 from __future__ import annotations
 
 import asyncio
+import hmac
 import itertools
 import json
+import logging
 import re
 import threading
 import time
@@ -29,26 +35,80 @@ from typing import Any
 import anyio
 
 from .api_protocol import APIError, error_body
-from .server_limits import BODY_TIMEOUT, MAX_BODY_BYTES, ServerLimits  # the bounds' numbers (standard library only)
+from .server_limits import (  # the bounds' numbers (standard library only)
+    BODY_TIMEOUT,
+    MAX_BODIES,
+    MAX_BODIES_BYTES,
+    MAX_BODY_BYTES,
+    ServerLimits,
+)
+
+logger = logging.getLogger(__name__)
 
 MAX_JSON_DEPTH = 64  # the deepest body the API reads is 3 levels (a list of token-id prompts, chat messages)
 SHUTDOWN_GRACE = 2.0  # after the cut, for the streams' last chunks to leave
 
 
-async def _refuse(send, status: int, message: str) -> None:
-    body = json.dumps(error_body(APIError(status, message))).encode()
+async def _refuse(send, status: int, message: str, type_: str = "invalid_request_error") -> None:
+    body = json.dumps(error_body(APIError(status, message, None, type_))).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers.append((b"connection", b"close"))  # the rest of the body is not read
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
+def bears_key(authorization: str, api_key: str) -> bool:
+    """Whether an `Authorization` header's value is `Bearer <api_key>`, compared in constant time."""
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
+def open_paths(metrics_need_key: bool = False) -> tuple[str, ...]:
+    """The paths that need no API key: /health, and /metrics unless `metrics_need_key`."""
+    return ("/health",) if metrics_need_key else ("/health", "/metrics")
+
+
+class KeyGate:
+    """ASGI middleware: with `api_key`, a request whose headers do not bear it (`Authorization: Bearer <key>`) gets
+    a 401 in OpenAI's format, and its connection closed, before a byte of its body is read. Exempt: a CORS preflight
+    (OPTIONS: a browser sends no key with it), a request for which `exempt(method, path)` is true, and one that
+    `session(scope)` vouches for (the demo's Gradio login). Added outside `BodyLimits`, so that it runs first."""
+
+    MESSAGE = "a valid API key is needed: send it as 'Authorization: Bearer <key>'"
+
+    def __init__(self, app, api_key: str | None, exempt=lambda method, path: False, session=None):
+        self.app, self.api_key, self.exempt, self.session = app, api_key, exempt, session
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self.api_key is None or scope["method"] == "OPTIONS":
+            return await self.app(scope, receive, send)
+        authorization = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        if (
+            bears_key(authorization, self.api_key)
+            or self.exempt(scope["method"], scope["path"])
+            or (self.session is not None and self.session(scope))
+        ):
+            return await self.app(scope, receive, send)
+        return await _refuse(send, 401, self.MESSAGE, "authentication_error")
+
+
 class BodyLimits:
     """ASGI middleware: reads each request's body, at most `max_bytes` of it within `timeout` seconds, before the
-    app runs; the app then reads it from memory. 413 or 408 in OpenAI's error format otherwise."""
+    app runs; the app then reads it from memory. 413 or 408 in OpenAI's error format otherwise. At most
+    `max_bodies` bodies are being received at once, holding at most `max_bodies_bytes` in all: a request past
+    either is refused (429 `server_busy`) unread, or as its body passes the budget."""
 
-    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES, timeout: float = BODY_TIMEOUT):
+    def __init__(
+        self,
+        app,
+        max_bytes: int = MAX_BODY_BYTES,
+        timeout: float = BODY_TIMEOUT,
+        max_bodies: int = MAX_BODIES,
+        max_bodies_bytes: int = MAX_BODIES_BYTES,
+    ):
         self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
+        self.max_bodies, self.max_bodies_bytes = max_bodies, max_bodies_bytes
+        self.receiving, self.received_bytes = 0, 0  # the bodies being received now, and their bytes so far
 
     def _too_large(self, size: str) -> str:
         return f"the request body ({size} bytes) is over this server's limit of {self.max_bytes:,} bytes"
@@ -56,11 +116,19 @@ class BodyLimits:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await _refuse(send, 413, self._too_large(f"{int(length):,}"))
-        chunks, size = [], 0
+        if length in (None, b"0") and b"transfer-encoding" not in headers:  # no body (a GET): nothing to hold
+            return await self.app(scope, receive, send)
+        if self.receiving >= self.max_bodies:
+            busy = f"this server is receiving {self.max_bodies} request bodies already: try again shortly"
+            return await _refuse(send, 429, busy, "server_busy")
+        self.receiving += 1
+        size = 0
         try:
+            chunks = []
             with anyio.fail_after(self.timeout):
                 while True:
                     message = await receive()
@@ -68,12 +136,19 @@ class BodyLimits:
                         return
                     chunks.append(message.get("body", b""))
                     size += len(chunks[-1])
+                    self.received_bytes += len(chunks[-1])
                     if size > self.max_bytes:  # a body without Content-Length (chunked) past the limit
                         return await _refuse(send, 413, self._too_large(f"{size:,} or more"))
+                    if self.received_bytes > self.max_bodies_bytes:
+                        busy = f"the request bodies being received are over {self.max_bodies_bytes:,} bytes in all"
+                        return await _refuse(send, 429, f"{busy}: try again shortly", "server_busy")
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
             return await _refuse(send, 408, f"the request body did not arrive within {self.timeout:g} s")
+        finally:
+            self.receiving -= 1
+            self.received_bytes -= size
         body, replayed = b"".join(chunks), False
         del chunks
 
@@ -85,6 +160,16 @@ class BodyLimits:
             return message
 
         await self.app(scope, replay, send)
+
+
+def body_limits(limits: ServerLimits) -> dict:
+    """`BodyLimits`' arguments from a server's `limits`."""
+    return dict(
+        max_bytes=limits.max_body_bytes,
+        timeout=limits.body_timeout,
+        max_bodies=limits.max_bodies,
+        max_bodies_bytes=limits.max_bodies_bytes,
+    )
 
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -159,10 +244,24 @@ def close_slow_headers(server, seconds: float) -> threading.Thread:
 
 def run_server(app, host: str, port: int, log_level: str, limits: ServerLimits, drain: Drain) -> None:
     """Serves `app` (`gpt_serve.api.create_app`) with uvicorn until SIGINT or SIGTERM, with the header timeout and
-    the shutdown deadline of `limits`."""
+    the shutdown deadline of `limits`. A second signal (uvicorn's "force exit", which would skip the drain and drop
+    the open streams without their last chunk) cuts the open requests at once instead: each still ends with
+    `finish_reason: "abort"` and `data: [DONE]`, and the server exits when they have."""
     import uvicorn
 
     class Server(uvicorn.Server):
+        loop: asyncio.AbstractEventLoop | None = None
+
+        async def serve(self, sockets=None):
+            self.loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+        def handle_exit(self, sig, frame):
+            if not self.should_exit or self.loop is None:
+                return super().handle_exit(sig, frame)
+            logger.warning("signal %s during the shutdown: the open requests are cut now", sig)
+            self.loop.call_soon_threadsafe(drain.cut)  # (not force_exit: the drain goes on)
+
         async def shutdown(self, sockets=None):
             drain.closing = True
             asyncio.get_running_loop().call_later(limits.shutdown_timeout, drain.cut)

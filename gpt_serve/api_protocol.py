@@ -12,7 +12,7 @@ from typing import Any
 
 from . import chat
 from .generation.registry import ModelRegistry
-from .generation.spec import GenerationRequest, RequestError, parse_request, show_value
+from .generation.spec import GenerationRequest, RequestError, check_prompts, check_value, parse_request, show_value
 
 MAX_CHOICES = 16  # n (and best_of): choices a request may ask for, each a row of its own
 # OpenAI fields accepted only at the value that means "off" (what this server does not implement)
@@ -21,22 +21,33 @@ OFF = {"suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "too
 IGNORED = ("user", "store", "metadata", "service_tier", "parallel_tool_calls")
 
 
+SHUTTING_DOWN = "server_shutting_down"  # the code of the 503 a request gets once its server is shutting down
+
+
 class APIError(Exception):
     """An error answered in OpenAI's format (`error_body`)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, type_: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ):
         super().__init__(message)
-        self.status, self.message, self.param, self.type = status, message, param, type_
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
 
 
-# OpenAI's `code` of an error, by HTTP status (a 400 has none; a 404 of a model is "model_not_found")
+# OpenAI's `code` of an error, by HTTP status, unless the error names its own (a 400 has none; a 404 of a model is
+# "model_not_found")
 ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout"}
 ERROR_CODES |= {413: "request_too_large", 422: "model_error", 429: "server_busy", 503: "model_unavailable"}
 
 
 def error_body(e: APIError) -> dict:
     """OpenAI's error JSON: `{"error": {"message", "type", "param", "code"}}`."""
-    code = "model_not_found" if e.status == 404 and e.param == "model" else ERROR_CODES.get(e.status)
+    code = e.code or ("model_not_found" if e.status == 404 and e.param == "model" else ERROR_CODES.get(e.status))
     return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": code}}
 
 
@@ -139,6 +150,10 @@ def parse_completion(body: Any, registry: ModelRegistry, default_backend: str, l
         raise APIError(400, "best_of greater than n cannot stream (the best are known only at the end)", "best_of")
     if len(prompts) * best_of > MAX_CHOICES:
         raise APIError(400, f"{len(prompts)} prompts x {best_of} choices is over the limit of {MAX_CHOICES} rows", "n")
+    echo = _flag(body, "echo")
+    if echo and stream:
+        raise APIError(400, "echo cannot stream here: send it with stream: false (or leave echo out)", "echo")
+    _check_prompts(prompts, best_of)
     first = prompts[0] if isinstance(prompts[0], str) else ""  # token ids are checked against the model's vocabulary
     request = _parse_fields({**fields, "logprobs": body.get("logprobs")}, first, limit)
     return Job(
@@ -151,9 +166,18 @@ def parse_completion(body: Any, registry: ModelRegistry, default_backend: str, l
         _stream_options(body, stream),
         n,
         best_of,
-        _flag(body, "echo"),
+        echo,
         request.logprobs,
     )
+
+
+def _check_prompts(prompts: list, rows_each: int) -> None:
+    """Every prompt's length, and their sum times the rows each gets, within the specification's limits
+    (`spec.check_prompts`): token-id prompts and a list's later prompts too, before anything is decoded."""
+    try:
+        check_prompts(prompts, rows_each)
+    except RequestError as e:
+        raise APIError(400, str(e), e.field) from None
 
 
 def _is_id(t: Any) -> bool:
@@ -167,18 +191,19 @@ def parse_chat(body: Any, registry: ModelRegistry, default_backend: str, limit: 
     """A `/v1/chat/completions` body: the messages as a play script (`gpt_serve.chat`), the reply ending with the
     speech; APIError naming the bad field otherwise."""
     model, fields = _common(body, registry, CHAT_WIRE)
+    if "prompt" in fields:  # the messages make the prompt: a prompt beside them would be silently replaced
+        raise APIError(400, "prompt is not a chat field: send the conversation as messages", "prompt")
     try:
         prompt = chat.render(body.get("messages"), body.get("speakers"))
     except RequestError as e:
         raise APIError(400, str(e), e.field or "messages") from None
     stream = _flag(body, "stream")
-    top = body.get("top_logprobs")
     logprobs = _flag(body, "logprobs")
-    if top is not None and not logprobs:
-        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-    request = _parse_fields({**fields, "logprobs": (top or 0) if logprobs else None}, prompt, limit)
-    request = dataclasses.replace(request, stop=(*request.stop, chat.END_OF_SPEECH))  # the reply is one speech
+    top = _top_logprobs(body.get("top_logprobs"), logprobs)
     n = _choices(body, "n", 1)
+    _check_prompts([prompt], n)
+    request = _parse_fields({**fields, "logprobs": top if logprobs else None}, prompt, limit)
+    request = dataclasses.replace(request, stop=(*request.stop, chat.END_OF_SPEECH))  # the reply is one speech
     return Job(
         "chat",
         model,
@@ -192,6 +217,18 @@ def parse_chat(body: Any, registry: ModelRegistry, default_backend: str, limit: 
         False,
         request.logprobs,
     )
+
+
+def _top_logprobs(top: Any, logprobs: bool) -> int:
+    """Chat's `top_logprobs`: an integer in the range of the specification's `logprobs`, only with logprobs: true."""
+    if top is None:
+        return 0
+    if not logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    try:
+        return check_value("logprobs", top)
+    except RequestError as e:
+        raise APIError(400, "top_" + str(e), "top_logprobs") from None
 
 
 def completion_logprobs(vocab, ids: list[int], entries: list, offset: int) -> dict:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MAX_BODY_BYTES = 1 << 20  # 16 prompts of 10,000 characters (the specification's limits) written as \\uXXXX escapes
+# the most prompt text a request may carry (the specification's 100,000 characters) written as \\uXXXX escapes fits
+MAX_BODY_BYTES = 1 << 20
+MAX_BODIES = 256  # request bodies being received at once (a burst of small requests fits)
+MAX_BODIES_BYTES = 64 << 20  # and their bytes in all: 64 bodies at the largest
 HEADER_TIMEOUT = 10.0
 BODY_TIMEOUT = 30.0
 SHUTDOWN_TIMEOUT = 10.0
@@ -17,6 +20,8 @@ class ServerLimits:
     """A server's bounds (see `gpt_serve.api_limits`); the defaults are `gpt-serve serve`'s and the demo's."""
 
     max_body_bytes: int = MAX_BODY_BYTES
+    max_bodies: int = MAX_BODIES
+    max_bodies_bytes: int = MAX_BODIES_BYTES
     body_timeout: float = BODY_TIMEOUT
     header_timeout: float = HEADER_TIMEOUT
     shutdown_timeout: float = SHUTDOWN_TIMEOUT

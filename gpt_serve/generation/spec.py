@@ -26,8 +26,12 @@ format. Why each limit is what it is:
   that only divides a logit into infinity (1e-300 did), which no token can be sampled from: refused here.
 - `seed` in [0, 2^53 - 1], the integers a JavaScript number holds exactly (the browser page carries it too);
   null or -1 draws one at random (reported back). Prompt `i` of a list gets `seed + i`.
-- `prompt` at most 10,000 characters (the model reads only its last `block_size`). The empty prompt starts the text
-  after a newline (id 0), as the lesson's `generate(torch.zeros((1, 1)))` does.
+- `prompt` at most 10,000 characters (the model reads only its last `block_size`), and a prompt of token ids at most
+  10,000 ids. The empty prompt starts the text after a newline (id 0), as the lesson's `generate(torch.zeros((1, 1)))`
+  does.
+- A request's prompt work at most 100,000 tokens (`MAX_PROMPT_WORK`): the sum over its prompts of each one's length
+  times the rows it gets (`n`, or `best_of` where that is larger; a chat has one prompt), as each row prefills, and
+  with `echo` scores, its own copy. Ten prompts of 10,000 characters fit; sixteen do not (`check_prompts`).
 - `stop`: a string or up to 4 (OpenAI's limit) non-empty strings of at most 100 characters; the text ends before
   the first one, which is not part of it (OpenAI's rule).
 - `window_mode` `"refill"` by default (fast past `block_size`), `"exact"` for the lesson's sliding window
@@ -54,6 +58,7 @@ BACKENDS = {"torch": "PyTorch", "onnx": "ONNX Runtime fp32", "onnx-int8": "ONNX 
 # other names a request may give a backend by (`resolve_backend`), on every surface
 BACKEND_ALIASES = {"pytorch": "torch", "onnx-fp32": "onnx", "onnxruntime": "onnx", "fp32": "onnx", "int8": "onnx-int8"}
 MAX_PROMPT_CHARS = 10_000
+MAX_PROMPT_WORK = 100_000  # tokens of prompt, summed over a request's rows
 MAX_NEW_TOKENS = 100_000
 MAX_SEED = 2**53 - 1
 RANDOM_SEEDS = 2**31  # a drawn seed is below this: short enough to read back and type
@@ -166,6 +171,31 @@ def check_value(name: str, value: Any, hi: float | None = None) -> Any:
     if not isinstance(value, str) or not value.strip():  # a model name, resolved by the server's registry
         raise RequestError(f"{name} must be a model name, got {show_value(value)}", name)
     return value.strip()
+
+
+def check_prompts(prompts: list, rows_each: int = 1) -> None:
+    """The limits of a request's prompts as a whole: each (text, or a list of token ids) at most `MAX_PROMPT_CHARS`
+    long, and their lengths times `rows_each` (the rows each prompt gets) at most `MAX_PROMPT_WORK` in all;
+    RequestError naming the prompt (by its index in a list of several) and the limit otherwise."""
+    total = 0
+    for i, prompt in enumerate(prompts):
+        unit = "characters" if isinstance(prompt, str) else "token ids"
+        last = "characters" if isinstance(prompt, str) else "ids"
+        if len(prompt) > MAX_PROMPT_CHARS:
+            where = f"prompt {i}" if len(prompts) > 1 or not isinstance(prompt, str) else "prompt"
+            raise RequestError(
+                f"{where} is {len(prompt):,} {unit} long; the limit is {MAX_PROMPT_CHARS:,} "
+                f"(the model reads only the last block_size {last})",
+                "prompt",
+            )
+        total += len(prompt) * rows_each
+    if total > MAX_PROMPT_WORK:
+        rows = f" x {rows_each} rows each" if rows_each > 1 else ""
+        raise RequestError(
+            f"the prompts' lengths ({len(prompts)} prompts{rows}) add up to {total:,} tokens; the limit of a "
+            f"request is {MAX_PROMPT_WORK:,}",
+            "prompt",
+        )
 
 
 def resolve_backend(value: Any) -> str:

@@ -20,6 +20,7 @@ import pytest
 from gpt_serve.api_limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, ServerLimits, close_slow_headers, json_depth
 from gpt_serve.cli import main
 from gpt_serve.generation.registry import ModelRegistry
+from gpt_serve.generation.spec import MAX_PROMPT_WORK
 from tests.core.test_api import free_port
 from tests.helpers import serving, wait_until
 
@@ -82,13 +83,40 @@ def test_a_chunked_body_is_cut_off_at_the_limit(url):
 
 
 def test_the_limit_fits_the_largest_request_the_specification_allows(url):
-    """16 prompts of 10,000 characters, each written as a \\uXXXX escape: under 1 MiB."""
-    body = json.dumps({"model": "tiny", "prompt": ["\u0100" * 10_000] * 16, "max_tokens": 1}).replace(
+    """The most prompt text a request may carry (`MAX_PROMPT_WORK`: 10 prompts of 10,000 characters), each character
+    written as a \\uXXXX escape: under 1 MiB."""
+    body = json.dumps({"model": "tiny", "prompt": ["\u0100" * 10_000] * 10, "max_tokens": 1}).replace(
         "\\u0100", "\\u0061"
     )
-    assert len(body) < MAX_BODY_BYTES
+    assert len(body) < MAX_BODY_BYTES and 10 * 10_000 == MAX_PROMPT_WORK
     answer = post(url, "/v1/completions", body.encode())
-    assert answer.status_code == 200 and len(answer.json()["choices"]) == 16
+    assert answer.status_code == 200 and len(answer.json()["choices"]) == 10
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        # the issue's two bodies: a prompt of 20,000 token ids, and a list whose second prompt is 20,000 characters
+        ({"prompt": [1] * 20000}, "prompt 0 is 20,000 token ids long; the limit is 10,000"),
+        ({"prompt": ["A", "B" * 20000]}, "prompt 1 is 20,000 characters long; the limit is 10,000"),
+        ({"prompt": [[1, 2], [1] * 10_001]}, "prompt 1 is 10,001 token ids long; the limit is 10,000"),
+        ({"prompt": ["A" * 10_000] * 11}, "add up to 110,000 tokens; the limit of a request is 100,000"),
+        ({"prompt": [[1] * 10_000] * 2, "n": 2, "best_of": 8}, "2 prompts x 8 rows each) add up to 160,000"),
+        ({"prompt": "A" * 7_000, "n": 15}, "add up to 105,000 tokens; the limit of a request is 100,000"),
+    ],
+)
+def test_every_prompt_and_their_sum_are_within_the_limits(url, body, message):
+    """Token-id prompts and a list's later prompts have the 10,000 limit of the first, and a request's prompts times
+    their rows at most `MAX_PROMPT_WORK` tokens: 400s naming the prompt and the limit, before anything runs."""
+    answer = post(url, "/v1/completions", json.dumps({"model": "tiny", "max_tokens": 1, **body}).encode())
+    assert_openai_error(answer, 400, message)
+    assert answer.json()["error"]["param"] == "prompt"
+
+
+def test_a_chats_prompt_times_its_choices_is_within_the_limit(url):
+    messages = [{"role": "user", "content": "A" * 9_000}]
+    answer = post(url, "/v1/chat/completions", json.dumps({"model": "tiny", "messages": messages, "n": 16}).encode())
+    assert_openai_error(answer, 400, "the limit of a request is 100,000")
 
 
 def test_json_nested_5000_deep_is_a_400(url):
@@ -132,6 +160,122 @@ def test_an_integer_of_5000_digits_is_not_json_python_reads(url):
     assert_openai_error(
         post(url, "/tokenize", b'{"model": "tiny", "prompt": "A", "backend": ["torch"]}'), 400, "backend"
     )
+
+
+KEY = "s3cret"
+
+
+@pytest.fixture(scope="module")
+def keyed(registry):
+    """A server with an API key, and room for 2 request bodies being received at once, 4 kB of them in all."""
+    from gpt_serve.api import create_app
+
+    limits = ServerLimits(max_bodies=2, max_bodies_bytes=4096)
+    with serving(create_app(registry, limits=limits, api_key=KEY)) as url:
+        yield url
+
+
+def test_a_body_without_the_key_is_refused_from_its_headers(keyed):
+    """The issue's 1 MiB body without a key: the 401 comes from the headers alone, before a byte of the body is sent
+    (it used to be read whole first: 500 such sockets took the server's RSS from 433 to 973 MB)."""
+    host, port = keyed.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.putrequest("POST", "/v1/completions")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(MAX_BODY_BYTES))
+    connection.endheaders()  # and no body
+    response = connection.getresponse()
+    error = json.loads(response.read())["error"]
+    assert response.status == 401 and response.getheader("connection") == "close"
+    assert error["code"] == "invalid_api_key" and error["type"] == "authentication_error"
+    connection.close()
+    wrong = post(keyed, "/v1/completions", b'{"model": "tiny", "prompt": "A"}', authorization="Bearer nope")
+    assert_openai_error(wrong, 401, "a valid API key is needed")
+    right = post(
+        keyed, "/v1/completions", b'{"model": "tiny", "prompt": "A", "max_tokens": 1}', authorization=f"Bearer {KEY}"
+    )
+    assert right.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path", ["/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect", "/v1/models", "/version", "/nope"]
+)
+def test_every_route_but_health_and_metrics_needs_the_key(keyed, path):
+    assert_openai_error(httpx.get(keyed + path), 401, "a valid API key is needed")
+    assert httpx.get(keyed + path, headers={"authorization": f"Bearer {KEY}"}).status_code == (
+        404 if path == "/nope" else 200
+    )
+    assert httpx.get(keyed + "/health").status_code == 200 and httpx.get(keyed + "/metrics").status_code == 200
+
+
+def test_the_bodies_held_at_once_are_bounded_in_number_and_bytes(keyed):
+    """Two bodies being received (their clients send 10 of 100 bytes and wait) fill the server's room for bodies: a
+    third request is a 429 unread; once they leave, requests are served again. A body of 4,000 bytes being received
+    fills the 4 kB budget: the next body is a 429 as it passes it."""
+    small = b'{"model": "tiny", "prompt": "A", "max_tokens": 1}'
+    key = {"authorization": f"Bearer {KEY}"}
+    host, port = keyed.removeprefix("http://").split(":")
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+
+    def held(length: int, sent: int) -> socket.socket:
+        client = socket.create_connection((host, int(port)))
+        client.sendall(f"{head}Content-Length: {length}\r\n\r\n".encode() + b" " * sent)
+        return client
+
+    holders = [held(100, 10), held(100, 10)]
+    assert wait_until(lambda: post(keyed, "/v1/completions", small, **key).status_code == 429)
+    assert_openai_error(post(keyed, "/v1/completions", small, **key), 429, "receiving 2 request bodies already")
+    assert post(keyed, "/v1/completions", small, **key).json()["error"]["code"] == "server_busy"
+    assert httpx.get(keyed + "/health").status_code == 200  # no body: not counted
+    for client in holders:
+        client.close()
+    assert wait_until(lambda: post(keyed, "/v1/completions", small, **key).status_code == 200)
+    with held(5000, 4000):
+        busy = lambda: post(keyed, "/v1/completions", small + b" " * 200, **key)  # noqa: E731
+        assert wait_until(lambda: busy().status_code == 429)
+        assert_openai_error(busy(), 429, "the request bodies being received are over 4,096 bytes in all")
+    assert wait_until(lambda: post(keyed, "/v1/completions", small, **key).status_code == 200)
+
+
+def test_a_model_that_loads_does_not_stall_a_running_stream(models_root):
+    """The issue's /tokenize of another model and backend (ladder-a on torch) while a stream runs on the server's
+    onnx-int8: the load (here held on an event until the test lets it go) runs on a worker thread, and the stream
+    goes on meanwhile (it used to stall for the whole 7 s load)."""
+    from gpt_serve.api import create_app
+
+    registry = ModelRegistry.discover(models_root=models_root, expected=(), threads=1)
+    loading, release = threading.Event(), threading.Event()
+    load = registry.backend
+
+    def slow_backend(name, backend):
+        if name == "ladder-a":
+            loading.set()
+            assert release.wait(60)
+        return load(name, backend)
+
+    registry.backend = slow_backend
+    body = {"model": "tiny", "prompt": "A", "max_tokens": 100_000, "window_mode": "exact", "stream": True}
+    answers = {}
+    try:
+        with serving(create_app(registry, default_backend="onnx-int8")) as url:
+            tokenize = threading.Thread(
+                target=lambda: answers.update(
+                    tokenize=post(url, "/tokenize", b'{"model": "ladder-a", "backend": "torch", "prompt": "AB"}')
+                )
+            )
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=10) as response:
+                lines = response.iter_lines()
+                next(lines)
+                tokenize.start()
+                assert loading.wait(10)
+                during = [next(lines) for _ in range(40)]  # the load is still held: the loop was not
+                assert not release.is_set() and sum(line.startswith("data: ") for line in during) == 20
+                release.set()
+            tokenize.join(timeout=30)
+        assert answers["tokenize"].status_code == 200 and answers["tokenize"].json()["count"] == 2
+    finally:
+        release.set()
+        registry.close()
 
 
 def rss_mb(pid: int = os.getpid()) -> float:
@@ -285,6 +429,50 @@ def test_shutdown_ends_open_streams_with_done_within_the_deadline(models_root, t
             server.wait(timeout=10)
 
 
+def test_a_second_signal_cuts_the_streams_and_never_skips_the_drain(models_root, tmp_path):
+    """The issue's shutdown: SIGTERM, then SIGINT while the server drains (uvicorn's "force exit", which dropped 21
+    of 24 streams without [DONE]). With a drain deadline far away, the second signal cuts every open stream at once:
+    each ends with finish_reason "abort" and `data: [DONE]`, and the server exits by the first signal."""
+    port, log = free_port(), tmp_path / "serve.log"
+    command = [sys.executable, "-m", "gpt_serve", "serve", "--models-root", str(models_root), "--port", str(port)]
+    command += ["--backend", "torch", "--threads", "1", "--shutdown-timeout", "60", "--log-level", "info"]
+    with open(log, "wb") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    body = {"model": "tiny", "prompt": "A", "max_tokens": 100_000, "window_mode": "exact", "stream": True}
+    texts: dict[int, str] = {}
+    started = [threading.Event() for _ in range(6)]
+
+    def read(i: int) -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+            for chunk in response.iter_text():
+                texts[i] = texts.get(i, "") + chunk
+                started[i].set()
+
+    try:
+        assert wait_until(lambda: _healthy(url) or server.poll() is not None, timeout=60), log.read_text()
+        readers = [threading.Thread(target=read, args=(i,)) for i in range(len(started))]
+        for reader in readers:
+            reader.start()
+        assert all(event.wait(30) for event in started)
+        server.send_signal(signal.SIGTERM)
+        assert wait_until(lambda: "Shutting down" in log.read_text(), timeout=10), log.read_text()[-2000:]
+        server.send_signal(signal.SIGINT)  # the server is draining: the second signal
+        assert server.wait(timeout=20) == -signal.SIGTERM, log.read_text()[-2000:]
+        for reader in readers:
+            reader.join(timeout=10)
+        for i, text in sorted(texts.items()):
+            assert text.endswith("data: [DONE]\n\n"), (i, text[-300:])
+            last = json.loads(text.rstrip().split("\n\n")[-2].removeprefix("data: "))
+            assert last["choices"][0]["finish_reason"] == "abort", (i, last)
+        assert len(texts) == len(started) and "Traceback" not in log.read_text()
+        assert "signal 2 during the shutdown: the open requests are cut now" in log.read_text()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=10)
+
+
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/health", timeout=5).status_code == 200
@@ -317,3 +505,31 @@ def test_bad_limits_are_usage_errors(capsys, flags, message):
 def test_timeouts_of_the_connection_are_not_ray_flags(capsys):
     assert main(["serve", "--ray", "--header-timeout", "5"]) == 2
     assert "not with --ray: --header-timeout" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message", "param"),
+    [
+        ("/v1/completions", {"prompt": "A", "echo": True, "stream": True}, "echo cannot stream here", "echo"),
+        ("/v1/chat/completions", {"prompt": "A"}, "prompt is not a chat field: send the conversation as messages",
+         "prompt"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": []}, "top_logprobs must be an integer in [0, 20]",
+         "top_logprobs"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs must be an integer in [0, 20]",
+         "top_logprobs"),
+        ("/tokenize", {"prompt": "A", "add_special_tokens": True}, "unknown field 'add_special_tokens'",
+         "add_special_tokens"),
+        ("/tokenize", {"prompt": "A", "unk_policy": "ignore"}, "unk_policy must be one of", "unk_policy"),
+        ("/detokenize", {"tokens": [1], "prompt": "A"}, "unknown field 'prompt'", "prompt"),
+    ],
+)  # fmt: skip
+def test_fields_that_would_be_ignored_are_400s_naming_them(url, path, body, message, param):
+    """What the server would silently ignore (echo in a stream, a chat's stray prompt or empty top_logprobs, an
+    unknown /tokenize field) is a 400 naming the field."""
+    if path.startswith("/v1/"):
+        body = {"max_tokens": 2, **body}
+    if path == "/v1/chat/completions":
+        body = {"messages": [{"role": "user", "content": "A"}], **body}
+    answer = post(url, path, json.dumps({"model": "tiny", **body}).encode())
+    assert_openai_error(answer, 400, message)
+    assert answer.json()["error"]["param"] == param

@@ -33,10 +33,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(blocks, registry=None, browser_model: str = "tiny"):
+def serve(blocks, registry=None, browser_model: str = "tiny", api_key: str | None = None):
     """Launches `blocks` on 127.0.0.1 on a free port without blocking, with the OpenAI-compatible API of `registry`
-    and the in-browser page of its model `browser_model` mounted as `python -m demo` does; yields its URL; closes
-    it."""
+    and the in-browser page of its model `browser_model` mounted as `python -m demo` does (with `api_key`, as
+    `python -m demo --api-key`); yields its URL; closes it."""
     from demo.app import launch_options
     from demo.browser import mount_browser
     from demo.cli import mount_api
@@ -47,10 +47,10 @@ def serve(blocks, registry=None, browser_model: str = "tiny"):
         prevent_thread_lock=True,
         quiet=True,
         ssr_mode=False,
-        **launch_options(),
+        **launch_options(api_key=api_key),
     )
     if registry is not None:
-        assert mount_api(app, registry, "torch", SERVER_MAX_NEW_TOKENS)
+        assert mount_api(app, registry, "torch", SERVER_MAX_NEW_TOKENS, api_key=api_key)
         mount_browser(app, registry.folder(browser_model))  # its files are checked by tests/demo/test_browser_page.py
     try:
         yield url

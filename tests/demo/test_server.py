@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -204,6 +205,35 @@ def test_cli_starts_quickly_and_serves(models_root, tmp_path):
         process.wait(timeout=10)
 
 
+def test_a_second_ctrl_c_cuts_the_apis_streams_and_the_demo_still_drains(models_root, tmp_path):
+    """Ctrl-C twice (SIGINT, then SIGINT again while the demo drains, its deadline far away): the open stream ends at
+    once with finish_reason "abort" and `data: [DONE]`, and the demo exits 0 (the second Ctrl-C used to interrupt the
+    drain, dropping the stream without its [DONE])."""
+    port = free_port()
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "demo.log"
+    cmd = [sys.executable, "-m", "demo", "--models-root", str(models_root), "--model", "tiny", "--port", str(port)]
+    cmd += ["--shutdown-timeout", "60", "--no-preload"]
+    with open(log, "w") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        assert wait_until(lambda: "demo: ready" in log.read_text() or process.poll() is not None, 60, 0.1)
+        long = {"model": "tiny", "prompt": "A", "max_tokens": 100_000, "window_mode": "exact", "stream": True}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=long, timeout=30) as response:
+            chunks = response.iter_text()
+            text = next(chunks)
+            process.send_signal(signal.SIGINT)
+            assert wait_until(lambda: "demo: stopping" in log.read_text(), 10), log.read_text()[-2000:]
+            process.send_signal(signal.SIGINT)
+            text += "".join(chunks)
+        assert text.endswith("data: [DONE]\n\n") and '"finish_reason": "abort"' in text[-400:], text[-400:]
+        assert process.wait(timeout=20) == 0
+        assert "Traceback" not in log.read_text()
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -236,3 +266,62 @@ def test_the_openai_api_runs_in_the_same_process_with_the_same_tokens(client, se
     out = api.completions.create(model="tiny", prompt="ROMEO:", max_tokens=50, seed=21)  # /generate's defaults
     page = client.predict(prompt="ROMEO:", max_new_tokens=50, seed=21, model="tiny", api_name="/generate")
     assert out.choices[0].text == page and len(page) == 50
+
+
+def test_with_a_key_the_gradio_api_needs_it_too(registry):
+    """The issue's demo with GPT_SERVE_API_KEY: /v1 answered 401, but `POST /gradio_api/call/generate` and
+    gradio_client's /generate generated text with no key. Now every way in needs the key: the page's login (any
+    name, the key as password), the API's bearer; a body without either is refused from its headers, unread."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    from gradio_client.exceptions import AuthenticationError
+
+    from demo.app import build_demo
+    from tests.demo.conftest import serve
+
+    key = "s3cret"
+    with serve(build_demo(registry, default_model="tiny"), registry, api_key=key) as url:
+        url = url.rstrip("/")
+        refused = httpx.post(f"{url}/gradio_api/call/generate", json={"data": ["ROMEO:", 5]})
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+        with pytest.raises(AuthenticationError):
+            Client(url, verbose=False).predict(prompt="ROMEO:", max_new_tokens=5, api_name="/generate")
+        body = {"model": "tiny", "prompt": "A", "max_tokens": 3}
+        assert httpx.post(f"{url}/v1/completions", json=body).status_code == 401
+        split = urlsplit(url)
+        connection = http.client.HTTPConnection(split.hostname, split.port, timeout=30)
+        connection.putrequest("POST", "/gradio_api/queue/join")
+        connection.putheader("Content-Length", str(2**20))
+        connection.endheaders()  # and no body: the answer comes from the headers
+        assert connection.getresponse().status == 401
+        connection.close()
+        assert httpx.get(f"{url}/openapi.json").status_code == 404  # FastAPI's own page: off
+        assert httpx.get(f"{url}/health").status_code == 200
+        text = Client(url, auth=("anyone", key), verbose=False).predict(
+            prompt="ROMEO:", max_new_tokens=5, api_name="/generate"
+        )
+        answer = httpx.post(f"{url}/v1/completions", json=body, headers={"authorization": f"Bearer {key}"})
+        assert len(text) == 5 and len(answer.json()["choices"][0]["text"]) == 3
+
+
+def test_the_apis_answer_during_the_shutdown_says_so(registry):
+    """Once the demo drains, a new API request is a 503 that says the server is shutting down (not
+    `model_unavailable`)."""
+    from demo.app import build_demo, launch_options
+    from demo.cli import mount_api
+
+    blocks = build_demo(registry, default_model="tiny")
+    app, url, _ = blocks.launch(
+        server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, ssr_mode=False,
+        **launch_options(),
+    )  # fmt: skip
+    try:
+        drain = mount_api(app, registry, "torch", 100)
+        drain.closing = True  # what the demo's shutdown sets first
+        answer = httpx.post(f"{url}v1/completions", json={"model": "tiny", "prompt": "A", "max_tokens": 2})
+        error = answer.json()["error"]
+        assert answer.status_code == 503 and error["code"] == "server_shutting_down", error
+        assert error["message"] == "the server is shutting down"
+    finally:
+        blocks.close()
