@@ -139,6 +139,15 @@ def build_app(args: dict[str, Any]) -> Application:
     return application(RayServeOptions.model_validate(args))
 
 
+# Ray Serve kills a proxy that is not ready within 5 s of its start, or that misses health checks of 10 s: on a
+# small machine beside busy processes, a proxy starting up took longer and was killed ("unhealthy", then
+# `serve.start` failed). Patient defaults; set these variables to override them.
+PATIENT_PROXY = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30",
+}
+
+
 @contextlib.contextmanager
 def serving(
     options: RayServeOptions,
@@ -155,6 +164,8 @@ def serving(
     `log_level` is that of the replicas' logs (one line per request at "info")."""
     ray, serve = require_ray()
     local = address is None
+    for name, seconds in PATIENT_PROXY.items():  # read by Serve's controller, a process ray.init starts from here
+        os.environ.setdefault(name, seconds)
     if local:
         if _is_loopback(host):
             _keep_ray_on_loopback(ray)
