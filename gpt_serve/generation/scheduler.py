@@ -45,6 +45,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import islice
 
 import numpy as np
 
@@ -432,11 +433,14 @@ class Scheduler:
         if not self._recompute:
             return
         block = self.backend.block_size
-        rows = [self._recompute.popleft() for _ in range(min(self.max_recompute_per_step, len(self._recompute)))]
+        # the rows stay queued (and counted active by `stats`) until their forward is done
+        rows = list(islice(self._recompute, self.max_recompute_per_step))
         windows = np.array([r.ids[-block:] for r in rows], dtype=np.int64)  # (k, block_size): every row's last window
         try:
             logits = self.backend.window_logits(windows)
             self.steps += 1
+            for _ in rows:
+                self._recompute.popleft()
         except Exception:
             kept, out = [], []
             for row, window in zip(rows, windows, strict=True):
@@ -446,6 +450,8 @@ class Scheduler:
                     logger.exception("a full-window forward failed")
                     self._end(row.stream, EngineError(f"the full-window forward failed for this request: {e}"))
                     continue
+                finally:
+                    self._recompute.popleft()
                 self.steps += 1
                 kept.append(row)
             if not kept:
