@@ -21,6 +21,7 @@ from .sampling import (
     finite_rows,
     log_softmax,
     sample_groups,
+    shared,
 )
 
 __all__ = ["Outcome", "Row", "next_tokens"]
@@ -32,7 +33,7 @@ class Row:
     def __init__(self, stream: Stream, block_size: int, vocab_size: int):
         r = stream.request
         self.stream, self.request = stream, r
-        self.sampling: SamplingParams = r.sampling
+        self.sampling: SamplingParams = shared(r.sampling)  # equal settings, one object: rows group by identity
         self.ids = [int(t) for t in r.prompt_ids]  # the prompt and every generated token
         self.prompt_len = len(self.ids)
         self.rng = np.random.default_rng(r.seed)
@@ -157,15 +158,15 @@ def _sample(rows: list[Row], work: np.ndarray, live: list[int], out: Outcome) ->
     draws nothing again."""
     if not live:
         return
-    params = [rows[i].sampling for i in live]
-    u = dict(zip(live, draw_uniforms(params, [rows[i].rng for i in live]), strict=True))
+    u = np.zeros(len(rows))
+    u[live] = draw_uniforms([rows[i].sampling for i in live], [rows[i].rng for i in live])
 
     def batch(indices):
         chosen = [rows[i].sampling for i in indices]
-        out.tokens[indices] = sample_groups(work[indices], chosen, np.array([u[i] for i in indices]))
+        out.tokens[indices] = sample_groups(work[indices], chosen, u[indices])
 
     def alone(i):
-        out.tokens[i] = sample_groups(work[i : i + 1], [rows[i].sampling], np.array([u[i]]))[0]
+        out.tokens[i] = sample_groups(work[i : i + 1], [rows[i].sampling], u[i : i + 1])[0]
 
     _isolated(live, out, "sampling", batch, alone)
 

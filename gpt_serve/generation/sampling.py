@@ -6,6 +6,7 @@ whatever computed the logits.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,7 +121,7 @@ def sample_rows(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.
     if len(params) == 1:  # a request alone (a script's prompt): no grouping to pay for
         return sample_next(logits, params[0], rngs[0]).astype(np.int64)
     check_finite(logits)
-    return sample_groups(logits, params, draw_uniforms(params, rngs))
+    return sample_groups(logits, [shared(p) for p in params], draw_uniforms(params, rngs))
 
 
 def draw_uniforms(params: list[SamplingParams], rngs: list[np.random.Generator]) -> np.ndarray:
@@ -129,14 +130,25 @@ def draw_uniforms(params: list[SamplingParams], rngs: list[np.random.Generator])
     return np.array([0.0 if p.greedy else g.random() for p, g in zip(params, rngs, strict=True)])
 
 
+_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def shared(params: SamplingParams) -> SamplingParams:
+    """The one object of `params`'s settings among those in use (`params` itself if it is the first): rows whose
+    settings are equal then hold the same object, and `sample_groups` groups them by identity, without comparing
+    settings row by row at every step."""
+    return _SHARED.setdefault(params, params)
+
+
 def sample_groups(logits: np.ndarray, params: list[SamplingParams], u: np.ndarray) -> np.ndarray:
     """Row b's token from finite `logits[b]` with `params[b]` and its uniform number `u[b]` (`draw_uniforms`),
-    computed for all rows that share settings at once."""
-    groups: dict[SamplingParams, list[int]] = {}
+    computed at once for the rows that hold the same settings object (`shared`; every operation is row by row, so
+    a row's token does not depend on its group)."""
+    groups: dict[int, tuple[SamplingParams, list[int]]] = {}
     for b, p in enumerate(params):
-        groups.setdefault(p, []).append(b)
+        groups.setdefault(id(p), (p, []))[1].append(b)
     tokens = np.zeros(len(params), dtype=np.int64)
-    for p, rows in groups.items():
+    for p, rows in groups.values():
         if p.greedy:
             tokens[rows] = logits[rows].argmax(axis=-1)
         else:

@@ -400,7 +400,7 @@ class Scheduler:
         if error is None:
             try:
                 done = self._deliver(row, token, logprob)
-                slide = not done and window_start(len(row.ids), row.start, block, row.keep) != row.start
+                slide = not done and len(row.ids) - row.start > block  # the next token would not fit
             except Exception as e:  # this row's own bookkeeping
                 logger.exception("a row's output failed")
                 error = EngineError(f"the output of this request failed: {type(e).__name__}: {e}")
@@ -408,7 +408,7 @@ class Scheduler:
             self._remove(index)
         if error is not None:
             self._end(row.stream, error)
-        elif slide:  # the next token would not fit in the window
+        elif slide:
             if row.exact:
                 self._recompute.append(row)
                 return

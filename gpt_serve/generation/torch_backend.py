@@ -217,6 +217,7 @@ class TorchBackend:
         self.vocab_size = config.vocab_size
         self.description = f"the torch backend (PyTorch) of {model.name_or_path or type(model).__name__}"
         self.tuner: ThreadTuner | None = None  # made on the first decode step, on the thread that decodes
+        self.plan: DecodePlan | bool | None = None  # made on the first decode step (False: none, see `DecodePlan.of`)
 
     def new_cache(self, batch: int) -> KVBuffer:
         c = self.config
@@ -263,21 +264,91 @@ class TorchBackend:
     def decode_step(self, tokens: np.ndarray, positions: np.ndarray, padding: np.ndarray, cache) -> np.ndarray:
         """One new token per row on top of `cache` (a `BatchKV`): float32 logits (rows, vocab).
 
-        The model's own modules in the order its forward runs them (embeddings, blocks, final norm, head), without
-        the forward's per-call work that a decode batch does not need: input checks (the scheduler checked the
-        prompts, and sampled ids and positions are in range by construction), the mask built from a 2-D
-        attention_mask, the output dataclass: the per-call cost that dominates a one-row step of a small model.
-        The same numbers as `run` (tested bit for bit). `padding` (rows, cache columns + 1) is True at each row's
-        left padding; with none, no mask at all, as the forward does for an all-ones mask."""
-        m = self.model.model
-        ids, pos = (int64_tensor(np.asarray(a)[:, None], self.device) for a in (tokens, positions))
+        The decoding model's own tensors and modules in the order its forward runs them (`DecodePlan`), without the
+        forward's per-call work that a decode batch does not need: input checks (the scheduler checked the prompts,
+        and sampled ids and positions are in range by construction), the mask built from a 2-D attention_mask, the
+        output dataclass, the module calls: the per-call cost that dominates a step of a small model. The same
+        numbers as `run` (tested bit for bit). `padding` (rows, cache columns + 1) is True at each row's left
+        padding; with none, no mask at all, as the forward does for an all-ones mask."""
+        ids, pos = (int64_tensor(a, self.device) for a in (tokens, positions))
         # The forward's own mask for one query over a 2-D key mask (boolean, True = may attend), or none where
         # nothing is padded, as it does.
         mask = torch.from_numpy(~padding).to(self.device)[:, None, None, :] if padding.any() else None
-        x = m.drop(m.token_embedding_table(ids) + m.position_embedding_table(pos))
+        if self.plan is None:
+            self.plan = DecodePlan.of(self.model)
+        if self.plan:
+            return self.plan(ids, pos, mask, cache).float().cpu().numpy()
+        m = self.model.model  # another attention implementation (`eager`): the modules themselves, as the forward
+        x = m.drop(m.token_embedding_table(ids[:, None]) + m.position_embedding_table(pos[:, None]))
         for block in m.blocks:
             x = block(x, attention_mask=mask, cache=cache)
         return self.model.lm_head(m.ln_f(x))[:, -1].float().cpu().numpy()
+
+
+class DecodePlan:
+    """A model's decode step (one new token per row, on a `BatchKV`) as one flat function over its tensors and
+    modules: what `CharGPTForCausalLM`'s forward computes for one query per row, in the same order with the same
+    operations (so the same numbers, bit for bit), without its module calls (`nn.Module.__call__`'s hooks and
+    dispatch), its cache and attention-registry lookups and its shape juggling: on CPU, a decode step of the shipped
+    model spent about a tenth of its time there (docs/benchmarks.md). Every variant of the lesson's ladder is
+    covered (no projection, no feed-forward, no LayerNorm, no residual, GELU); attention is PyTorch's fused kernel,
+    as `decode_attention` calls it (`of` gives no plan for another implementation, `eager`: the backend runs the
+    modules then)."""
+
+    @classmethod
+    def of(cls, model: CharGPTForCausalLM) -> DecodePlan | bool:
+        """The plan of `model`, or False where its attention is not PyTorch's fused kernel."""
+        return cls(model) if model.config._attn_implementation in ("sdpa", DECODE_ATTENTION) else False
+
+    def __init__(self, model: CharGPTForCausalLM):
+        body, config = model.model, model.config
+        self.n_embd, self.n_head, self.head_size = config.n_embd, config.n_head, config.head_size
+        self.token_embeddings = body.token_embedding_table.weight
+        self.position_embeddings = body.position_embedding_table.weight
+        self.blocks = []
+        for block in body.blocks:
+            ffwd = None
+            if block.ffwd is not None:  # Linear, activation, Linear (without the eval-mode no-ops)
+                ffwd = [m.forward for m in block.ffwd.net if not isinstance(m, (nn.Dropout, nn.Identity))]
+            self.blocks.append(
+                (
+                    _call(block.ln1),
+                    block.sa.qkv.forward,
+                    _call(block.sa.proj),
+                    block.sa.scaling,
+                    _call(block.ln2),
+                    ffwd,
+                    block.residual,
+                )
+            )
+        self.final_norm = _call(body.ln_f)
+        self.head = model.lm_head.forward
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, kv) -> torch.Tensor:
+        """Logits (rows, vocab) of ids (rows,) at positions (rows,), with the key mask (rows, 1, 1, columns) or none,
+        extending `kv` (a `BatchKV`) by one column in place."""
+        x = F.embedding(ids, self.token_embeddings) + F.embedding(positions, self.position_embeddings)  # (B, C)
+        B, C, H, D = x.shape[0], self.n_embd, self.n_head, self.head_size
+        for i, (ln1, qkv, proj, scaling, ln2, ffwd, residual) in enumerate(self.blocks):
+            h = ln1(x) if ln1 else x
+            q, k, v = qkv(h).view(B, 3, H, 1, D).unbind(1)  # each (B, H, 1, hs): queries, keys, values of every head
+            k, v = kv.update(k, v, i)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)  # (B, H, 1, hs)
+            a = y.transpose(1, 2).reshape(B, C)  # the heads concatenated
+            if proj:
+                a = proj(a)
+            x = x + a if residual else a
+            if ffwd is not None:
+                f = ln2(x) if ln2 else x
+                for layer in ffwd:
+                    f = layer(f)
+                x = x + f if residual else f
+        return self.head(self.final_norm(x) if self.final_norm else x)
+
+
+def _call(module: nn.Module):
+    """A module's `forward` (None for an identity): called without `nn.Module.__call__`'s per-call work."""
+    return None if isinstance(module, nn.Identity) else module.forward
 
 
 class BatchKV(CacheSizes):

@@ -185,11 +185,24 @@ def test_call_runs_on_the_loop_thread_and_returns_or_raises():
         scheduler.call(lambda: None)
 
 
+# The lesson's ladder (no projection, no feed-forward, no LayerNorm, no residual), GELU, biases, and an attention
+# that is not the fused kernel (the decode step runs the modules then)
+DECODE_VARIANTS = {
+    "final": {},
+    "stage-a": dict(attn_proj=False, ffwd_mult=0, residual=False, layer_norm=False),
+    "stage-c": dict(ffwd_mult=1, ffwd_proj=False, residual=False, layer_norm=False),
+    "gelu-biases": dict(activation="gelu", qkv_bias=True, layer_norm_bias=False),
+    "eager": dict(attn_implementation="eager"),
+}
+
+
+@pytest.mark.parametrize("variant", DECODE_VARIANTS)
 @pytest.mark.parametrize("prompts", [[[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]], [[1, 2], [3, 4]]], ids=["padded", "even"])
-def test_a_torch_decode_step_gives_the_models_forward_bit_for_bit(prompts):
-    """`TorchDecodeBatch.step` drives the model's modules itself (`TorchBackend.decode_step`): the same logits as the
-    model's forward on the same cache, with left padding (a mask) and without (none)."""
-    backend = TorchBackend(make_tiny_model())
+def test_a_torch_decode_step_gives_the_models_forward_bit_for_bit(prompts, variant):
+    """`TorchDecodeBatch.step` runs the model's tensors itself (`TorchBackend.decode_step`, a `DecodePlan`): the same
+    logits as the model's forward on the same cache, with left padding (a mask) and without (none), for every
+    variant of the model."""
+    backend = TorchBackend(make_tiny_model(**DECODE_VARIANTS[variant]))
     batch = backend.new_batch(4)
     for ids in prompts:
         batch.add(ids)
