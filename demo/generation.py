@@ -289,13 +289,17 @@ def throttle(
 
 
 def stream_side_by_side(
-    streams: Sequence[Iterator[Progress] | str], interval: float | Callable[[], float]
+    streams: Sequence[Iterator[Progress] | str],
+    interval: float | Callable[[], float],
+    failed: set[int] | None = None,
 ) -> Iterator[list[str]]:
     """Advances several streams one token each in turn; yields all their texts (throttled) until every one ends.
 
     A `str` in `streams` is a message shown in place of a stream (e.g. why that model is unavailable); a stream
-    that fails shows its error message after the text it produced.
+    that fails shows its error message after the text it produced. The indices of both kinds are added to `failed`.
     """
+    failed = set() if failed is None else failed
+    failed.update(i for i, s in enumerate(streams) if isinstance(s, str))
     texts = [s if isinstance(s, str) else "" for s in streams]
     live = {i: s for i, s in enumerate(streams) if not isinstance(s, str)}
     pace = pacer(interval)
@@ -309,6 +313,7 @@ def stream_side_by_side(
                     del live[i]
                 except (ValueError, TypeError) as e:
                     texts[i] = f"{texts[i]}\n[{e}]".lstrip("\n")
+                    failed.add(i)
                     del live[i]
             now = time.perf_counter()
             if not live or last is None or now - last >= pace():
