@@ -26,6 +26,7 @@ from gpt_serve.window import DEFAULT_WINDOW_MODE
 
 from .attention import prompt_attention, render_heads
 from .captions import FAILED, attention_caption, compare_status, example_prompts, model_line, stats_line
+from .form import FORM
 from .generation import (
     Activity,
     GenerationRequest,
@@ -40,6 +41,9 @@ from .generation import (
 
 logger = logging.getLogger(__name__)
 
+# How the page accepts characters outside the vocabulary: its control's words (`demo.form`), not the API's field
+_UNK = dict((value, label) for label, value in FORM["unk_policy"]["choices"])
+PAGE_UNK_HINT = f'choose "{_UNK["replace"]}" or "{_UNK["drop"]}" under "{FORM["unk_policy"]["label"]}" (in Sampling)'
 ATTENTION_CACHE = 8  # attention views kept for the layer selector (each at most n_layer x n_head x T x T floats)
 
 
@@ -218,6 +222,7 @@ class DemoHandlers:
                 self.activity,
                 should_stop=lambda: self.stops.is_stopped(ticket),
                 poll_interval=self.interval,
+                unk_hint=PAGE_UNK_HINT,
             )
             for p in throttle(progress, self.interval):
                 status = "Stopped." if p.stopped else "Done." if p.done else "Generating…"
@@ -314,6 +319,7 @@ class DemoHandlers:
                     dataclasses.replace(base, model=name),
                     self.activity,
                     should_stop=lambda: self.stops.is_stopped(ticket),
+                    unk_hint=PAGE_UNK_HINT,
                 )
                 for name in self.compared
             ]

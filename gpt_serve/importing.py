@@ -311,7 +311,7 @@ def corpus_record(
     export then asks for it); else None."""
     if corpus is not None:
         return CorpusRecord.of(load_text(corpus), corpus)
-    if vocab.chars == TINY_SHAKESPEARE_CHARS:
+    if "".join(vocab.chars) == TINY_SHAKESPEARE_CHARS:
         return CorpusRecord.tiny_shakespeare()
     if meta_path is None:
         return None

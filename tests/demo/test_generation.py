@@ -313,8 +313,7 @@ def test_model_info_and_column_labels_show_the_validation_loss(registry):
         "**C** + feed-forward Linear -> ReLU after attention"
     )
     assert model_line(registry, "ladder-a", "torch") == (
-        "`ladder-a` on Tiny Shakespeare: 1 layer × 4 heads, n_embd 32, block_size 8, validation loss 3.250 · "
-        "PyTorch ✓"
+        "`ladder-a` on Tiny Shakespeare: 1 layer × 4 heads, n_embd 32, block_size 8, validation loss 3.250 · PyTorch ✓"
     )
 
 
