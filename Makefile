@@ -62,7 +62,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/onnx_generation.py --threads 2
-	$(PY) benchmarks/training.py --threads 2 --presets shakespeare-cpu
+	$(PY) benchmarks/training.py --threads 2 --presets small-cpu
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache .ruff_cache $(WEB)/node_modules

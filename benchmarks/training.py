@@ -181,7 +181,7 @@ def bench_preset(preset: str, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--presets", default="shakespeare-cpu,ladder-f", help="comma-separated presets")
+    p.add_argument("--presets", default="small-cpu,ladder-f", help="comma-separated presets")
     p.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=2)

@@ -11,7 +11,9 @@ Events:
   (`StopRequests`). A client that disconnects (or a `gradio_client` job that is cancelled) makes Gradio close the
   generator, which also ends the loop (see `demo.generation`).
 - Compare the ladder (UI only): the same prompt, seed and settings through the default model and every ladder
-  stage, side by side.
+  stage that shares its vocabulary, side by side (no comparison on the page when none does).
+- The page presents the default model: its title, intro, default prompt and examples come from the model folder's
+  `corpus.json` (what it was trained on); choosing another model shows that one's examples.
 - A value typed into a slider's box outside its range: a note under the sliders (in the browser; the slider
   clamps it).
 - Errors are said once, in the status line: no toasts.
@@ -34,26 +36,28 @@ from gpt_serve.generation.registry import ModelRegistry
 
 from .access import access_options
 from .attention import VIEW_CSS, VIEW_JS
-from .captions import PENDING_CAPTION, ladder_label, ladder_legend, range_note_js
+from .captions import (
+    PENDING_CAPTION,
+    example_prompts,
+    intro,
+    ladder_label,
+    ladder_legend,
+    page_title,
+    range_note_js,
+)
 from .form import FORM
 from .generation import Activity, Limits
 from .handlers import FIELDS, DemoHandlers
 
-EXAMPLES = [
-    ["ROMEO:"],
-    ["JULIET:\nO Romeo, Romeo! wherefore art thou"],
-    ["First Citizen:\nBefore we proceed any further, hear me speak."],
-    ["KING RICHARD III:\nNow is the winter of our discontent"],
-    ["To be, or not to be"],
-]
 # A fresh ticket for each run started from the page; its Stop sends the ticket back (see `StopRequests`). A run also
 # enables its Stop (`DemoHandlers.ui_generate_ended` / `ui_compare_ended` disable it again) and clears what the page
 # shows of an earlier run: the output, its stats and status, and the attention view (drawn again when it ends).
 NEW_TICKET = "Math.random().toString(36).slice(2) + Date.now().toString(36)"
 ENABLED = '{__type__: "update", interactive: true}'  # what gr.Button(interactive=True) sends to the page
-CLEARED = f'"", "", "", "", {json.dumps(PENDING_CAPTION)}'  # output, stats, status, attention view, its caption
+VIEW_CLEARED = f'"", {json.dumps(PENDING_CAPTION)}'  # the attention view and its caption
+CLEARED = f'"", "", "", {VIEW_CLEARED}'  # Generate's output, stats and status, and the attention view
 START_GENERATE_JS = f"() => [{NEW_TICKET}, {ENABLED}, {CLEARED}]"
-START_COMPARE_JS = f"() => [{NEW_TICKET}, {ENABLED}, {CLEARED}]"
+START_COMPARE_JS = f"() => [{NEW_TICKET}, {ENABLED}, {VIEW_CLEARED}]"  # Generate's output stays
 # Each Stop sends its own run's ticket only (`DemoHandlers.ui_stop` takes Generate's, then the comparison's)
 STOP_GENERATE_JS = '(generate, compare) => [generate, ""]'
 STOP_COMPARE_JS = '(generate, compare) => ["", compare]'
@@ -108,9 +112,6 @@ ON_LOAD_JS = """() => {
     document.querySelector("#sampling > .label-wrap.open, #sampling > button.open")?.click();
   }
 }"""
-INTRO = """# gpt-serve: the "Let's build GPT" model, live
-A character-level GPT trained on Tiny Shakespeare, one token per character: type a prompt, press **Generate**.
-Or run it [**in your browser**](browser/) (onnxruntime-web: your computer does the work)."""
 
 
 def build_demo(
@@ -151,8 +152,9 @@ def build_demo(
         default_backend,
         max_updates_per_second,
     )
-    with gr.Blocks(title="gpt-serve: Let's build GPT", analytics_enabled=False) as demo:
-        gr.Markdown(INTRO, elem_id="intro")
+    record = registry.corpus(handlers.default_model)  # the page presents the default model: what it was trained on
+    with gr.Blocks(title=page_title(record), analytics_enabled=False) as demo:
+        gr.Markdown(intro(record), elem_id="intro")
         ui = _layout(registry, handlers, limits, default_backend)
         _wire(demo, ui, handlers, concurrency)
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
@@ -168,7 +170,9 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
     ui = SimpleNamespace()
     with gr.Row():
         with gr.Column(scale=3, min_width=320):
-            ui.prompt = gr.Textbox(FORM["prompt"]["default"], label=FORM["prompt"]["label"], lines=4, elem_id="prompt")
+            record = registry.corpus(handlers.default_model)
+            default_prompt = record.default_prompt if record is not None else FORM["prompt"]["default"]
+            ui.prompt = gr.Textbox(default_prompt, label=FORM["prompt"]["label"], lines=4, elem_id="prompt")
             with gr.Row():
                 ui.generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", min_width=100)
                 ui.stop_btn = gr.Button(
@@ -191,7 +195,11 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
             ui.stats = gr.Markdown(elem_id="stats")
             ui.status = gr.Markdown(elem_id="status")
         with gr.Column(scale=2, min_width=320):
-            gr.Examples(EXAMPLES, inputs=[ui.prompt], label="Examples", elem_id="examples")
+            examples = example_prompts(record)  # the model's sample prompts; updated when another model is chosen
+            ui.examples = gr.Examples(
+                examples or [[""]], inputs=[ui.prompt], label="Examples", elem_id="examples"
+            ).dataset
+            ui.examples.visible = bool(examples)
             with gr.Row():
                 ui.model = gr.Dropdown(
                     [(n if n in registry.available else f"{n} (not available)", n) for n in registry.names],
@@ -231,11 +239,20 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
         ui.attention_state = gr.State(None, time_to_live=3600)  # (model, ids): see DemoHandlers.ui_attention
     ui.gen_ticket = gr.Textbox(visible="hidden", elem_id="gen-ticket")
     ui.compare_ticket = gr.Textbox(visible="hidden", elem_id="compare-ticket")
-    with gr.Accordion("Compare the ladder: what each lesson component buys", open=False):
+    ui.compare_btn = None
+    if len(handlers.compared) > 1:  # only models that share the default model's vocabulary are compared
+        _compare_layout(ui, registry, handlers)
+    ui.form = [getattr(ui, name) for name in FIELDS]
+    return ui
+
+
+def _compare_layout(ui: SimpleNamespace, registry: ModelRegistry, handlers: DemoHandlers) -> None:
+    """The ladder comparison: the default model beside the ladder's stages that share its vocabulary."""
+    with gr.Accordion("Compare the ladder: what each lesson component buys", open=False, elem_id="compare"):
         gr.Markdown(
             f"Runs the prompt, seed and sampling settings above through the default model (`{handlers.default_model}`) "
-            "and every stage of the lesson's ladder (A–E), side by side. Set a seed to make it repeatable.  \n"
-            + ladder_legend(handlers.compared, registry)
+            "and the stages of the lesson's ladder (A–E) that read the same characters, side by side. Set a seed to "
+            "make it repeatable.  \n" + ladder_legend(handlers.compared, registry)
         )
         with gr.Row():
             ui.compare_btn = gr.Button("Compare the ladder", elem_id="compare-btn", scale=3, min_width=100)
@@ -256,8 +273,6 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
                 )
                 for n in handlers.compared
             ]
-    ui.form = [getattr(ui, name) for name in FIELDS]
-    return ui
 
 
 def _field(component, name: str, *args, **kwargs):
@@ -313,23 +328,10 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
         show_progress_on=ui.heatmap,
         **private,
     )
-    compare_event = ui.compare_btn.click(
-        None, None, [ui.compare_ticket, ui.compare_stop_btn, *cleared], js=START_COMPARE_JS, queue=False, **private
-    ).then(
-        handlers.ui_compare,
-        [ui.compare_ticket, *ui.form],
-        [*ui.compare_outputs, ui.compare_status],
-        show_progress="hidden",
-        show_progress_on=ui.compare_outputs,
-        **private,
-        **stream_group,
-    )
-    compare_event.then(
-        handlers.ui_compare_ended, None, ui.compare_stop_btn, queue=False, show_progress="hidden", **private
-    )
-    compare_event.then(inputs=[ui.prompt, ui.model, ui.unk_policy, ui.layer, ui.compare_status], **attention)
-    for button, js in ((ui.stop_btn, STOP_GENERATE_JS), (ui.compare_stop_btn, STOP_COMPARE_JS)):
-        button.click(handlers.ui_stop, [ui.gen_ticket, ui.compare_ticket], None, js=js, queue=False, **private)
+    if ui.compare_btn is not None:
+        _wire_compare(ui, handlers, stream_group, attention)
+    ui.stop_btn.click(handlers.ui_stop, [ui.gen_ticket, ui.compare_ticket], None, js=STOP_GENERATE_JS, queue=False,
+                      **private)  # fmt: skip
     for slider in (ui.max_new_tokens, ui.temperature, ui.top_k, ui.top_p):
         note = range_note_js(slider.label, slider.minimum, slider.maximum)
         slider.input(None, slider, ui.settings_note, js=note, queue=False, trigger_mode="always_last", **private)
@@ -343,8 +345,37 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
             show_progress_on=ui.model,
             **private,
         )
+    ui.model.change(  # the examples (and an untouched default prompt) of the model chosen
+        handlers.ui_model_prompts, [ui.model, ui.prompt], [ui.examples, ui.prompt], queue=False,
+        show_progress="hidden", **private,
+    )  # fmt: skip
     api = gr.api(handlers.api_generate(), api_name="generate", **stream_group)
     describe_parameters(demo.fns[api["id"]])
+
+
+def _wire_compare(ui: SimpleNamespace, handlers: DemoHandlers, stream_group: dict, attention: dict) -> None:
+    """The ladder comparison's events (when the page has one): its run, its Stop, the attention view after it. It
+    clears the attention view (drawn again when it ends), not Generate's output."""
+    private = dict(api_visibility="private")
+    compare_event = ui.compare_btn.click(
+        None, None, [ui.compare_ticket, ui.compare_stop_btn, ui.heatmap, ui.caption], js=START_COMPARE_JS,
+        queue=False, **private,
+    ).then(
+        handlers.ui_compare,
+        [ui.compare_ticket, *ui.form],
+        [*ui.compare_outputs, ui.compare_status],
+        show_progress="hidden",
+        show_progress_on=ui.compare_outputs,
+        **private,
+        **stream_group,
+    )  # fmt: skip
+    compare_event.then(
+        handlers.ui_compare_ended, None, ui.compare_stop_btn, queue=False, show_progress="hidden", **private
+    )
+    compare_event.then(inputs=[ui.prompt, ui.model, ui.unk_policy, ui.layer, ui.compare_status], **attention)
+    ui.compare_stop_btn.click(
+        handlers.ui_stop, [ui.gen_ticket, ui.compare_ticket], None, js=STOP_COMPARE_JS, queue=False, **private
+    )
 
 
 def _most_layers(registry: ModelRegistry) -> int:

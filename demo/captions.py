@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 
+from gpt_serve.corpus import CorpusRecord
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.registry import ModelRegistry, RequestError
 from gpt_serve.models import LADDER
@@ -79,10 +80,38 @@ def model_line(registry: ModelRegistry, model: str, backend: str) -> str:
     reason = registry.unavailable_reason(model, backend)
     ready = f"{FAILED} {reason}" if reason else f"{BACKENDS[backend]} ✓"
     loss = "" if info["val_loss"] is None else f", validation loss {info['val_loss']:.3f}"
+    record = registry.corpus(model)
+    text = f" on {record.name}" if record is not None else ""
     return (
-        f"`{model}`: {plural(info['n_layer'], 'layer')} × {plural(info['n_head'], 'head')}, n_embd {info['n_embd']}, "
-        f"block_size {info['block_size']}{loss} · {ready}"
+        f"`{model}`{text}: {plural(info['n_layer'], 'layer')} × {plural(info['n_head'], 'head')}, "
+        f"n_embd {info['n_embd']}, block_size {info['block_size']}{loss} · {ready}"
     )
+
+
+def trained_on(record: CorpusRecord | None) -> str:
+    """'trained on **Tiny Shakespeare** (about 40,000 lines ...)', or that the folder records no training text."""
+    if record is None:
+        return "whose folder records no training text (no corpus.json)"
+    return f"trained on **{record.name}** ({record.description})"
+
+
+def intro(record: CorpusRecord | None) -> str:
+    """The page's heading and first lines, about the default model: what it was trained on."""
+    return (
+        '# gpt-serve: the "Let\'s build GPT" model, live\n'
+        f"A character-level GPT {trained_on(record)}, one token per character: type a prompt, press **Generate**.\n"
+        "Or run it [**in your browser**](browser/) (onnxruntime-web: your computer does the work)."
+    )
+
+
+def page_title(record: CorpusRecord | None) -> str:
+    """The browser tab's title: 'gpt-serve: Let's build GPT on Tiny Shakespeare'."""
+    return "gpt-serve: Let's build GPT" + (f" on {record.name}" if record is not None else "")
+
+
+def example_prompts(record: CorpusRecord | None) -> list[list[str]]:
+    """The examples under the prompt: the model's sample prompts (starts of real lines of its text)."""
+    return [[prompt] for prompt in (record.prompts if record is not None else ())]
 
 
 def ladder_label(name: str, registry: ModelRegistry) -> str:
@@ -125,11 +154,23 @@ COMPARE_STATES = {
 }
 
 
-def compare_status(prompt: str, seed: int, state: str) -> str:
+COMPARE_FAILED = (
+    "{state}: the prompt {prompt} (seed {seed}) ran in {ran} of {columns} columns, the same settings in each; "
+    "{failed} could not run it (the column says why)."
+)
+
+
+def compare_status(prompt: str, seed: int, state: str, failed: int = 0, columns: int = 0) -> str:
     """'Done: the prompt `ROMEO:` (seed 5), the same settings in every column.' (`state`: a key of
-    `COMPARE_STATES`); a newline shows as ↵, a prompt past 80 characters is cut short."""
+    `COMPARE_STATES`); a newline shows as ↵, a prompt past 80 characters is cut short. With `failed` of the
+    `columns` unable to run (a model missing, a character outside a vocabulary), an ended run says how many ran."""
     shown = prompt.replace("\n", "↵")
     shown = shown if len(shown) <= 80 else shown[:79] + "…"
+    if failed and state != "running":
+        return COMPARE_FAILED.format(
+            state=state.capitalize(), prompt=code(shown), seed=seed, ran=columns - failed, columns=columns,
+            failed=plural(failed, "column"),
+        )  # fmt: skip
     return COMPARE_STATES[state].format(prompt=code(shown), seed=seed)
 
 

@@ -23,7 +23,8 @@ UNK_CHOICES = [
 ]
 # field (the request specification's name) -> its label, default and, for a choice, its (label, value) choices
 FORM = {
-    "prompt": dict(label="Prompt", default="ROMEO:"),
+    # the served model's first sample prompt replaces it (its folder's corpus.json); empty: after a newline
+    "prompt": dict(label="Prompt", default=""),
     "max_new_tokens": dict(label="Max new tokens", default=300),
     "temperature": dict(label="Temperature (0 = greedy)", default=0.8),
     "top_k": dict(label="Top-k (0 = off)", default=0),

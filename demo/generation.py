@@ -27,7 +27,7 @@ from gpt_serve.generation.registry import ModelRegistry
 from gpt_serve.generation.requests import ServerBusy
 from gpt_serve.generation.spec import MAX_NEW_TOKENS, GenerationRequest, RequestError
 from gpt_serve.generation.spec import parse_request as parse_spec
-from gpt_serve.generation.text import TextStream, encode_prompt
+from gpt_serve.generation.text import UNK_HINT, TextStream, encode_prompt
 
 
 def plural(n: int, noun: str) -> str:
@@ -210,6 +210,7 @@ def stream_progress(
     should_stop: Callable[[], bool] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     poll_interval: float | Callable[[], float] = 0.0,
+    unk_hint: str = UNK_HINT,
 ) -> Iterator[Progress]:
     """A `Progress` with no tokens once the prompt is encoded, one per new piece of text, then a last one with
     `done=True`: the request's `TextStream` (the library's, as every surface reads it). Loads the backend on first
@@ -219,12 +220,12 @@ def stream_progress(
 
     `should_stop` is polled before the first token and after every state yielded; once it returns True the stream
     ends with the text shown so far (the last `Progress` has `stopped=True`, whatever the loop made meanwhile) and no
-    further forward pass runs.
+    further forward pass runs. `unk_hint`: how the caller's surface accepts characters outside the vocabulary.
     """
     start = clock()
     pace = pacer(poll_interval)
     loaded = registry.backend(request.model, request.backend)
-    prompt = loaded.vocab.decode(encode_prompt(loaded.vocab, request.prompt, request.unk_policy))
+    prompt = loaded.vocab.decode(encode_prompt(loaded.vocab, request.prompt, request.unk_policy, unk_hint))
     block_size = loaded.block_size
     activity = activity or Activity()
     activity.begin()
@@ -289,13 +290,17 @@ def throttle(
 
 
 def stream_side_by_side(
-    streams: Sequence[Iterator[Progress] | str], interval: float | Callable[[], float]
+    streams: Sequence[Iterator[Progress] | str],
+    interval: float | Callable[[], float],
+    failed: set[int] | None = None,
 ) -> Iterator[list[str]]:
     """Advances several streams one token each in turn; yields all their texts (throttled) until every one ends.
 
     A `str` in `streams` is a message shown in place of a stream (e.g. why that model is unavailable); a stream
-    that fails shows its error message after the text it produced.
+    that fails shows its error message after the text it produced. The indices of both kinds are added to `failed`.
     """
+    failed = set() if failed is None else failed
+    failed.update(i for i, s in enumerate(streams) if isinstance(s, str))
     texts = [s if isinstance(s, str) else "" for s in streams]
     live = {i: s for i, s in enumerate(streams) if not isinstance(s, str)}
     pace = pacer(interval)
@@ -309,6 +314,7 @@ def stream_side_by_side(
                     del live[i]
                 except (ValueError, TypeError) as e:
                     texts[i] = f"{texts[i]}\n[{e}]".lstrip("\n")
+                    failed.add(i)
                     del live[i]
             now = time.perf_counter()
             if not live or last is None or now - last >= pace():

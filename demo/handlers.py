@@ -25,7 +25,8 @@ from gpt_serve.vocab import UNK_POLICIES
 from gpt_serve.window import DEFAULT_WINDOW_MODE
 
 from .attention import prompt_attention, render_heads
-from .captions import FAILED, attention_caption, compare_status, model_line, stats_line
+from .captions import FAILED, attention_caption, compare_status, example_prompts, model_line, stats_line
+from .form import FORM
 from .generation import (
     Activity,
     GenerationRequest,
@@ -40,6 +41,9 @@ from .generation import (
 
 logger = logging.getLogger(__name__)
 
+# How the page accepts characters outside the vocabulary: its control's words (`demo.form`), not the API's field
+_UNK = dict((value, label) for label, value in FORM["unk_policy"]["choices"])
+PAGE_UNK_HINT = f'choose "{_UNK["replace"]}" or "{_UNK["drop"]}" under "{FORM["unk_policy"]["label"]}" (in Sampling)'
 ATTENTION_CACHE = 8  # attention views kept for the layer selector (each at most n_layer x n_head x T x T floats)
 
 
@@ -58,6 +62,26 @@ def sends_updates(method):
                 self._updating -= 1
 
     return run
+
+
+def compared_models(registry: ModelRegistry, default_model: str) -> list[str]:
+    """The ladder comparison's columns: the default model, then the ladder's stages A-E that share its vocabulary
+    (the same characters, so one prompt means the same to all). A stage not trained yet is listed (its column says
+    so) when the default model was trained on the ladder's text, Tiny Shakespeare. Only the default model: no
+    comparison."""
+    vocab = registry.vocab_sha256(default_model)
+    record = registry.corpus(default_model)
+    ladder_text = record is not None and record.is_tiny_shakespeare
+    columns = [default_model]
+    for name in LADDER_MODELS:
+        if name not in registry.names or name == default_model:
+            continue
+        if name not in registry.available:
+            if ladder_text:
+                columns.append(name)
+        elif vocab is not None and registry.vocab_sha256(name) == vocab:
+            columns.append(name)
+    return columns
 
 
 class DemoHandlers:
@@ -91,8 +115,7 @@ class DemoHandlers:
         self._weights: OrderedDict[tuple, object] = OrderedDict()  # (model, ids) -> attention weights, a few
         self._weights_lock = threading.Lock()
         self._lock, self._updating = threading.Lock(), 0  # runs streaming updates now (`sends_updates`)
-        # the comparison's columns: the default model, then the ladder's stages A-E
-        self.compared = list(dict.fromkeys([default_model, *(n for n in LADDER_MODELS if n in registry.names)]))
+        self.compared = compared_models(registry, default_model)
 
     def interval(self) -> float:
         """The least seconds between two updates of one stream now: `stream_interval`, or longer while so many
@@ -199,6 +222,7 @@ class DemoHandlers:
                 self.activity,
                 should_stop=lambda: self.stops.is_stopped(ticket),
                 poll_interval=self.interval,
+                unk_hint=PAGE_UNK_HINT,
             )
             for p in throttle(progress, self.interval):
                 status = "Stopped." if p.stopped else "Done." if p.done else "Generating…"
@@ -270,6 +294,16 @@ class DemoHandlers:
         """One line about the selected model, and whether the selected backend can serve it."""
         return model_line(self.registry, model, backend)
 
+    def ui_model_prompts(self, model, prompt):
+        """Another model chosen: its sample prompts as the examples (hidden when it records none), and its first
+        prompt in place of the prompt when that is still some model's example or empty (a typed one stays)."""
+        record = self.registry.corpus(model) if model in self.registry.names else None
+        examples = example_prompts(record)
+        offered = {p for name in self.registry.available for p in (getattr(self.registry.corpus(name), "prompts", ()))}
+        keep = isinstance(prompt, str) and prompt and prompt not in offered
+        new_prompt = gr.skip() if keep or record is None else record.default_prompt
+        return gr.Dataset(samples=examples or [[""]], visible=bool(examples)), new_prompt
+
     @sends_updates
     def ui_compare(self, page: gr.Request, ticket: str | None, *form):
         """Compare the ladder (`form`: the `FIELDS`, its model ignored): yields (one text per column of `compared`...,
@@ -285,13 +319,16 @@ class DemoHandlers:
                     dataclasses.replace(base, model=name),
                     self.activity,
                     should_stop=lambda: self.stops.is_stopped(ticket),
+                    unk_hint=PAGE_UNK_HINT,
                 )
                 for name in self.compared
             ]
-            for texts in stream_side_by_side(streams, self.interval):
+            failed: set[int] = set()
+            for texts in stream_side_by_side(streams, self.interval, failed):
                 yield *texts, compare_status(base.prompt, base.seed, "running")
             end = "stopped" if self.stops.is_stopped(ticket) else "done"
-            yield *[gr.skip()] * len(self.compared), compare_status(base.prompt, base.seed, end)
+            status = compare_status(base.prompt, base.seed, end, failed=len(failed), columns=len(streams))
+            yield *[gr.skip()] * len(self.compared), status
         except RequestError as e:
             yield *[""] * len(self.compared), f"{FAILED} {e}"
         finally:

@@ -34,8 +34,9 @@ def build_parser(prog: str = "python -m export") -> argparse.ArgumentParser:
         "--data",
         type=Path,
         default=None,
-        help="the training corpus, whose validation split measures the int8 loss change "
-        "(default: Tiny Shakespeare, downloaded once into the user cache)",
+        help="the training corpus, whose validation split measures the int8 loss change (default: the text the "
+        "model folder's corpus.json records, found where training read it and checked by its sha256; Tiny "
+        "Shakespeare is downloaded once into the user cache)",
     )
     parser.add_argument("--no-quantize", action="store_true", help="write only the fp32 graph")
     parser.add_argument(
@@ -71,11 +72,21 @@ def build_parser(prog: str = "python -m export") -> argparse.ArgumentParser:
     return parser
 
 
-def _load_text(path: Path | None) -> tuple[str, str]:
-    from gpt_serve.corpus import load_text
+def validation_text(folder: Path, data: Path | None) -> tuple[str, str]:
+    """The text the int8 check measures on, and how the report names it: `--data`, else the text the folder's
+    `corpus.json` records (found where it was read from, checked by its sha256; Tiny Shakespeare from the user
+    cache), else Tiny Shakespeare (a folder from before corpus.json). A ValueError asks for a text that is gone."""
+    from gpt_serve.corpus import TINY_SHAKESPEARE_NAME, load_text, read_corpus_record
 
-    text = load_text(path)
-    return text, f"{path.name if path else 'tinyshakespeare.txt'} (validation split)"
+    if data is not None:
+        return load_text(data), f"{data.name} (validation split)"
+    record = read_corpus_record(folder)
+    if record is None:
+        return load_text(None), f"{TINY_SHAKESPEARE_NAME} (validation split; {folder} records no corpus.json)"
+    path = record.find_text()
+    if path is None:
+        raise ValueError(f"{record.missing_text_message()}. Pass --data PATH to that text")
+    return load_text(path), f"{record.name} (validation split)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     text, source = None, ""
     if not args.no_quantize:
         try:
-            text, source = _load_text(args.data)
+            text, source = validation_text(folder, args.data)
         except (OSError, ValueError) as e:
             print(
                 f"error: no validation text for the int8 check ({e}); pass --data PATH or --no-quantize",

@@ -110,6 +110,19 @@ def validation_ids(text: str, vocab: CharVocab) -> np.ndarray:
     return np.asarray(vocab.encode(train_val_split(text)[1]), dtype=np.int64)
 
 
+def check_text_fits(text: str, text_source: str, vocab: CharVocab) -> None:
+    """A ValueError when `text` has characters outside the model's vocabulary: it is not the text the model was
+    trained on (the vocabulary is every character of that text), so its loss would say nothing."""
+    count, first = vocab.unknown(text, shown=5)
+    if count:
+        shown = ", ".join(f"{c!r} at {i}" for i, c in first)
+        raise ValueError(
+            f"the validation text {text_source} has {count:,} characters outside this model's vocabulary of "
+            f"{len(vocab)} ({shown}{', ...' if count > len(first) else ''}): it is not the text this model was trained "
+            f"on. Pass --data PATH to that text (the model folder's corpus.json names it), or --no-quantize"
+        )
+
+
 def export_model(
     model_dir: str | os.PathLike,
     text: str | None = None,
@@ -143,6 +156,8 @@ def export_model(
     loaded = load_backend(model_dir, "torch")  # the library's checks of the folder, weights and vocabulary
     folder, vocab, model = loaded.folder, loaded.vocab, loaded.backend.pretrained.float()
     check_no_links(folder)
+    if quantize:
+        check_text_fits(text, text_source, vocab)
     block_size = model.config.block_size
     if isinstance(decode_steps, bool) or not isinstance(decode_steps, int) or not 1 <= decode_steps < block_size:
         raise ValueError(

@@ -245,12 +245,27 @@ GENERATE_FIELDS = (
 )
 
 
+CLI_UNK_HINT = "pass --unk-policy replace (each becomes a space) or --unk-policy drop"
+
+
+def default_prompt(model) -> str:
+    """`gpt-serve generate`'s prompt when none is given: the model's first sample prompt (its folder's
+    corpus.json), else the empty prompt (the text after a newline)."""
+    from .corpus import read_corpus_record
+    from .models import model_path
+
+    record = read_corpus_record(model_path(model))
+    return record.default_prompt if record is not None else ""
+
+
 def _generate(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = default_prompt(args.model) if prompt is None else prompt
     # every field checked by the request specification before anything loads, as a server checks it
     request = parse_request({**{name: getattr(args, name) for name in GENERATE_FIELDS}, "prompt": prompt})
     loaded = load_backend(args.model, request.backend, args.threads)
-    text = TextStream(inline_scheduler(loaded.backend), loaded.vocab, request)  # refuses unknown characters here
+    # refuses unknown characters here, naming the flag that accepts them
+    text = TextStream(inline_scheduler(loaded.backend), loaded.vocab, request, unk_hint=CLI_UNK_HINT)
     out = sys.stdout
     start = time.perf_counter()
     if not args.no_echo:
@@ -475,7 +490,12 @@ def build_parser(apps: dict[str, EntryPoint] | None = None) -> argparse.Argument
         "generate", help="stream text from a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     g.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="shipped model name or model folder")
-    g.add_argument("--prompt", default="", help='the text to continue ("-" reads stdin; empty starts from a newline)')
+    g.add_argument(
+        "--prompt",
+        default=None,
+        help='the text to continue ("-" reads stdin; empty starts from a newline; default: the model\'s first '
+        "sample prompt, from its folder's corpus.json, else empty)",
+    )
     g.add_argument("--max-new-tokens", type=int, default=_default("max_new_tokens"), help="characters to generate")
     g.add_argument("--temperature", type=float, default=_default("temperature"), help="0 = greedy")
     g.add_argument("--top-k", type=int, default=_default("top_k"), help="keep the k most likely characters (0: all)")

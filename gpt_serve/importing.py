@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ import torch
 
 from .checkpoints import LESSON, NANOGPT, describe, find_meta, read_meta, read_source, strip_compile_prefix
 from .configuration_chargpt import ATTN_SCALES, CharGPTConfig
-from .corpus import TINY_SHAKESPEARE_CHARS, load_text
+from .corpus import TINY_SHAKESPEARE_CHARS, CorpusRecord, load_text, sample_prompts, write_corpus_record
 from .files import refuse_link
 from .modeling_chargpt import CharGPTForCausalLM, upgrade_state_dict
 from .tokenization_chargpt import CharTokenizer
@@ -71,6 +72,7 @@ class Imported:
     vocab_source: str
     corpus: Path | None = None
     training: dict[str, Any] = field(default_factory=dict)
+    corpus_record: CorpusRecord | None = None  # the folder's corpus.json (`corpus_record`)
 
 
 def lesson_vocab(corpus: str | os.PathLike | None) -> tuple[CharVocab, str]:
@@ -296,7 +298,27 @@ def convert(
             training["dataset"] = obj["config"]["dataset"]
     model = build_model(config, mapped, origin)
     digest = hashlib.sha256(source.read_bytes()).hexdigest()
-    return Imported(model, vocab, kind, source.resolve(), digest, vocab_source, corpus_path, training)
+    record = corpus_record(corpus_path, vocab, training.get("dataset"), None if kind == LESSON else meta_path)
+    return Imported(model, vocab, kind, source.resolve(), digest, vocab_source, corpus_path, training, record)
+
+
+def corpus_record(
+    corpus: Path | None, vocab: CharVocab, dataset: str | None = None, meta_path: Path | None = None
+) -> CorpusRecord | None:
+    """What the imported folder records of its training text (`corpus.json`): the text it was given (`--corpus`,
+    or nanoGPT's `input.txt`); else Tiny Shakespeare when the vocabulary is its 65 characters; else, for nanoGPT,
+    the dataset named by its name with prompts from the `val.bin` beside `meta.pkl` (no text to validate on: the
+    export then asks for it); else None."""
+    if corpus is not None:
+        return CorpusRecord.of(load_text(corpus), corpus)
+    if "".join(vocab.chars) == TINY_SHAKESPEARE_CHARS:
+        return CorpusRecord.tiny_shakespeare()
+    if meta_path is None:
+        return None
+    name = dataset or meta_path.parent.name
+    val_bin = meta_path.parent / "val.bin"
+    prompts = sample_prompts(_decode_bin(val_bin, vocab)) if val_bin.is_file() else ()
+    return CorpusRecord(name, f"the nanoGPT dataset {name!r} (its text was not given to the import)", prompts)
 
 
 def _nanogpt_corpus(corpus, meta_path: Path, vocab: CharVocab) -> Path | None:
@@ -309,6 +331,15 @@ def _nanogpt_corpus(corpus, meta_path: Path, vocab: CharVocab) -> Path | None:
     if outside and corpus is not None:
         raise ValueError(f"--corpus {path} has characters outside meta.pkl's vocabulary: {outside[:10]}")
     return None if outside else path
+
+
+def _decode_bin(path: Path, vocab: CharVocab, limit: int = 1_000_000) -> str:
+    """The text of nanoGPT's `val.bin` (uint16 ids), at most its first `limit` ids; ids outside the vocabulary
+    are skipped."""
+    import numpy as np
+
+    ids = np.fromfile(path, dtype=np.uint16, count=limit)
+    return "".join(vocab.chars[i] for i in ids.tolist() if i < len(vocab.chars))
 
 
 def _plain_number(value: Any) -> Any:
@@ -347,6 +378,8 @@ def import_checkpoint(
         imported.model.save_pretrained(folder)
         CharTokenizer(chars=imported.vocab.chars).save_pretrained(folder)
         (folder / "README.md").write_text(model_card(imported, out.name, command), encoding="utf-8")
+        if imported.corpus_record is not None:
+            write_corpus_record(folder, imported.corpus_record)
 
     write_new_folder(out, write, replace=force)
     logger.info("wrote %s from %s (%s)", out, imported.source, SOURCE_NAMES[imported.source_format])
@@ -378,6 +411,9 @@ def model_card(imported: Imported, name: str, command: str | None) -> str:
     arch = {k: getattr(config, k) for k in ARCH_KEYS}
     trained = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in imported.training.items())
     sample = generate_text(TorchBackend(model), imported.vocab, "", SAMPLE_TOKENS, seed=0)  # temperature 1
+    record = imported.corpus_record
+    prompt = record.default_prompt if record is not None and record.default_prompt else imported.vocab.chars[0]
+    trained_on = f"{record.name} ({record.description})" if record is not None else "not recorded"
     return f"""---
 {data.to_yaml()}
 ---
@@ -393,6 +429,7 @@ A character-level GPT trained with {SOURCE_NAMES[imported.source_format]}, impor
 | source sha256 | `{imported.source_sha256}` |
 | format | {SOURCE_NAMES[imported.source_format]} ({_format_note(imported.source_format)}) |
 | vocabulary | {len(imported.vocab)} characters: {imported.vocab_source} |
+| training text | {trained_on} |
 | training | {trained or "not recorded in the checkpoint"} |
 
 Command:
@@ -406,7 +443,7 @@ Architecture: `{arch}`
 ## Use
 
 ```bash
-gpt-serve generate PATH --prompt "ROMEO:" --max-new-tokens 200
+gpt-serve generate PATH --prompt {shlex.quote(prompt)} --max-new-tokens 200
 gpt-serve serve --model-dir PATH
 ```
 

@@ -143,8 +143,10 @@ LADDER_SEEDS = {"ladder-a": 1, "ladder-b": 2}  # ladder-c..e stay missing: serve
 
 @pytest.fixture(scope="session")
 def models_root(tmp_path_factory, tiny_model_dir, exported) -> Path:
-    """tiny (block_size 16, with onnx/model.onnx and onnx/model_quantized.onnx), ladder-a and ladder-b (block 8)."""
+    """tiny (block_size 16, with onnx/model.onnx and onnx/model_quantized.onnx), ladder-a and ladder-b (block 8),
+    each with Tiny Shakespeare's corpus.json."""
     from gpt_serve import CharTokenizer
+    from gpt_serve.corpus import CorpusRecord, write_corpus_record
 
     root = tmp_path_factory.mktemp("demo-models")
     folder, report = exported
@@ -154,6 +156,8 @@ def models_root(tmp_path_factory, tiny_model_dir, exported) -> Path:
     for name, seed in LADDER_SEEDS.items():
         make_tiny_model(seed=seed, block_size=8, n_layer=1).save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
+    for name in ("tiny", *LADDER_SEEDS):  # trained on Tiny Shakespeare, as the shipped ones say
+        write_corpus_record(root / name, CorpusRecord.tiny_shakespeare())
     # what training writes next to a model: the compare view shows the last validation loss
     metrics = ['{"step": 0, "val_loss": 4.2}', "not json", '{"step": 9, "val_loss": 3.25}']
     (root / "ladder-a" / "metrics.jsonl").write_text("\n".join(metrics) + "\n")

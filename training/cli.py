@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from .presets import PRESETS, get_preset
+from .presets import PRESET_ALIASES, PRESETS, get_preset
 from .trainer import TrainConfig, Trainer
 
 _TYPES = {"int": int, "float": float, "str": str, "str | None": str}
-DEFAULT_PRESET = "shakespeare-cpu"
+DEFAULT_PRESET = "small-cpu"
 
 
 def _bool(value: str) -> bool:
@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.list_presets:
             for name, preset in PRESETS.items():
                 print(f"{name:16s} {preset.description}")
+            for old, new in PRESET_ALIASES.items():
+                print(f"{old:16s} the former name of {new}")
             return 0
         cfg = config_from_args(args, model_overrides)
         with logging_redirect_tqdm():

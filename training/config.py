@@ -67,6 +67,12 @@ class TrainConfig:
 
     out_dir: str = _opt("out", "output folder: the model, metrics.jsonl, loss.png, checkpoints/")
     data: str | None = _opt(None, "UTF-8 corpus; default: Tiny Shakespeare, downloaded once into the user cache")
+    data_name: str | None = _opt(
+        None, "what the corpus is called on the model's pages (default: Tiny Shakespeare, else the file's name)"
+    )
+    data_description: str | None = _opt(
+        None, "one short sentence about the corpus, for the model's pages (default: its length in characters)"
+    )
     batch_size: int = _opt(32, "sequences per micro-batch (per process under torchrun)")
     grad_accum: int = _opt(1, "micro-batches per optimizer step (gradient accumulation)")
     learning_rate: float = _opt(1e-3, "peak AdamW learning rate")

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import platform
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from gpt_serve.corpus import TINY_SHAKESPEARE_SHA256
+from gpt_serve.corpus import CorpusRecord
 
 from .config import ARCH_KEYS, OPTIMIZATION_KEYS
 from .outputs import explain_write_error, temp_path
@@ -184,35 +182,22 @@ def generate_sample(model, tokenizer, n_tokens: int, seed: int = 0) -> str:
 TINY_SHAKESPEARE_HUB_ID = "karpathy/tiny_shakespeare"
 
 
-@dataclass(frozen=True)
-class Corpus:
-    """What a model was trained on, for its card: Tiny Shakespeare (recognized by its sha256) or a named file."""
-
-    name: str  # "Tiny Shakespeare", or the file's name
-    sha256: str
-
-    @classmethod
-    def of(cls, text: str, path: str | os.PathLike | None = None) -> Corpus:
-        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        if digest == TINY_SHAKESPEARE_SHA256:
-            return cls("Tiny Shakespeare", digest)
-        return cls(Path(path).name if path else "the training text", digest)
-
-    @property
-    def hub_id(self) -> str | None:
-        """The Hub dataset id, when there is one."""
-        return TINY_SHAKESPEARE_HUB_ID if self.sha256 == TINY_SHAKESPEARE_SHA256 else None
-
-    @property
-    def description(self) -> str:
-        return self.name if self.hub_id else f"{self.name} (sha256 {self.sha256})"
+def hub_id(corpus: CorpusRecord) -> str | None:
+    """The Hub dataset id of the training text, when there is one."""
+    return TINY_SHAKESPEARE_HUB_ID if corpus.is_tiny_shakespeare else None
 
 
-def card_data(name: str, val: float, train: float, corpus: Corpus) -> ModelCardData:
-    """The model card's metadata (the YAML the Hub reads): license, task, library, dataset and the losses."""
-    hub_id = corpus.hub_id
+def card_name(corpus: CorpusRecord) -> str:
+    """How the card names the training text: 'Tiny Shakespeare', else 'NAME (sha256 ...)'."""
+    return corpus.name if hub_id(corpus) else f"{corpus.name} (sha256 {corpus.sha256})"
+
+
+def card_data(name: str, val: float, train: float, corpus: CorpusRecord) -> ModelCardData:
+    """The model card's metadata (the YAML the Hub reads): license, task, library, dataset, the losses, and the
+    corpus's sample prompts as the Hub's widget examples."""
+    dataset_id = hub_id(corpus)
     split = "first 90% train, last 10% validation"
-    dataset = {"dataset_type": hub_id or "text", "dataset_name": f"{corpus.description} ({split})"}
+    dataset = {"dataset_type": dataset_id or "text", "dataset_name": f"{card_name(corpus)} ({split})"}
     losses = [
         ("validation cross-entropy (nats/char)", val, "validation"),
         ("train cross-entropy (nats/char)", train, "train"),
@@ -232,13 +217,14 @@ def card_data(name: str, val: float, train: float, corpus: Corpus) -> ModelCardD
     return ModelCardData(
         model_name=name,
         license="mit",
-        language=["en"] if hub_id else None,  # other corpora: the author knows their language
+        language=["en"] if dataset_id else None,  # other corpora: the author knows their language
         library_name="transformers",
         pipeline_tag="text-generation",
         tags=["gpt-serve", "chargpt", "character-level"],
-        datasets=[hub_id] if hub_id else None,
+        datasets=[dataset_id] if dataset_id else None,
         metrics=["loss"],
         eval_results=results,
+        widget=[{"text": prompt} for prompt in corpus.prompts] or None,
     )
 
 
@@ -261,8 +247,8 @@ def write_model_card(trainer, result: dict, folder: str | os.PathLike | None = N
     body = f"""
 # {name}
 
-A character-level GPT from the "Let's build GPT" lesson, trained with gpt-serve on {trainer.corpus.description}
-({result["parameters"]:,} parameters).
+A character-level GPT from the "Let's build GPT" lesson, trained with gpt-serve on {card_name(trainer.corpus)}:
+{trainer.corpus.description} ({result["parameters"]:,} parameters).
 
 | | |
 |---|---|
@@ -292,8 +278,12 @@ gpt_serve.register_auto_classes()  # "chargpt" for the Auto classes
 
 model = AutoModelForCausalLM.from_pretrained("PATH")  # or trust_remote_code=True without gpt_serve
 tokenizer = AutoTokenizer.from_pretrained("PATH")
-ids = tokenizer("ROMEO:", return_tensors="pt").input_ids
+ids = tokenizer({json.dumps(trainer.corpus.default_prompt)}, return_tensors="pt").input_ids
 print(tokenizer.decode(model.generate(ids, max_new_tokens=200, do_sample=True)[0]))
+```
+
+```bash
+gpt-serve generate PATH --max-new-tokens 200  # the prompt: {json.dumps(trainer.corpus.default_prompt)}
 ```
 
 ## Sample (temperature 1.0, seed 0, from a newline)

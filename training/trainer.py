@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
-from gpt_serve.corpus import load_text
+from gpt_serve.corpus import CorpusRecord, load_text, write_corpus_record
 from gpt_serve.modeling_chargpt import upgrade_state_dict
 
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
@@ -29,7 +29,7 @@ from .config import ARCH_KEYS, MODEL_KEYS, OPTIMIZATION_KEYS, SCHEDULES, TrainCo
 from .data import CharDataset
 from .kernels import use_cpu_training_kernels
 from .outputs import lock_folder, publish_folder, remove_stale_temp_files
-from .report import Corpus, append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
+from .report import append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
 from .runtime import setup_runtime
 from .tracking import Trackers, parse_report_to
 
@@ -51,7 +51,7 @@ class Trainer:
         self.rt = setup_runtime(cfg.device, cfg.threads, cfg.precision)
         self.out = Path(cfg.out_dir)
         text = text if text is not None else load_text(cfg.data)
-        self.corpus = Corpus.of(text, cfg.data)
+        self.corpus = CorpusRecord.of(text, cfg.data, cfg.data_name, cfg.data_description)
         self.tokenizer = CharTokenizer.from_corpus(text)
         self.model_config = CharGPTConfig(
             vocab_size=self.tokenizer.vocab_size, vocab_sha256=self.tokenizer.vocab.sha256, **cfg.model
@@ -357,6 +357,7 @@ class Trainer:
             def write(folder: Path) -> None:
                 self.model.save_pretrained(folder)
                 self.tokenizer.save_pretrained(folder)
+                write_corpus_record(folder, self.corpus)  # what the surfaces and the export read of the text
                 write_model_card(self, result, folder)
 
             publish_folder(self.out, write)  # a complete folder, or the previous one

@@ -197,6 +197,33 @@ function describe(model, seconds) {
   );
 }
 
+/** The model's corpus.json (what it was trained on), or null when its folder records none (404). */
+async function loadCorpus() {
+  const url = new URL("corpus.json", new URL(modelUrl.endsWith("/") ? modelUrl : `${modelUrl}/`, document.baseURI));
+  const response = await fetch(url).catch(() => null);
+  if (!response?.ok) return null;
+  return response.json().catch(() => null);
+}
+
+/** Presents the model by its training text: the title, a line under the intro, the default prompt, the examples. */
+function showCorpus(corpus) {
+  if (!corpus) {
+    $("corpus").textContent = "Its folder records no training text (no corpus.json).";
+    return;
+  }
+  document.title = `gpt-serve in the browser: Let's build GPT on ${corpus.name}`;
+  $("corpus").textContent = `This one was trained on ${corpus.name} (${corpus.description}).`;
+  const prompts = corpus.prompts ?? [];
+  if (prompts.length) $("prompt").value = prompts[0];
+  for (const prompt of prompts) {
+    const button = Object.assign(document.createElement("button"), { type: "button", className: "example" });
+    button.textContent = prompt.replaceAll("\n", " ↵ ");
+    button.addEventListener("click", () => ($("prompt").value = prompt));
+    $("examples").append(button);
+  }
+  $("examples").hidden = !prompts.length;
+}
+
 /** The specification (limits.json), the form (form.json) shown. */
 async function openSpec() {
   let spec;
@@ -210,6 +237,8 @@ async function openSpec() {
   } catch (e) {
     throw new Error(`The page's form could not be loaded: ${e.message}`);
   }
+  showCorpus(await loadCorpus()); // after the form's defaults: the model's own prompt replaces form.json's
+  $("form").hidden = false;
   return spec;
 }
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..corpus import CorpusRecord, read_corpus_record
 from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
 from .loading import BACKENDS, LoadedModel, load_backend
 from .scheduler import Request, Scheduler, torch_runner
@@ -198,6 +199,27 @@ class ModelRegistry:
             raise ModelUnavailable(f"model {name!r} cannot be served: {e}") from None
         keys = ("block_size", "n_embd", "n_head", "n_layer", "vocab_size")
         return {**{k: config.get(k) for k in keys}, "val_loss": _last_val_loss(folder / "metrics.jsonl")}
+
+    def corpus(self, name: str) -> CorpusRecord | None:
+        """What the model folder records of its training text (`corpus.json`), for the surfaces that present it;
+        None when it records none, or when its record cannot be read (logged: the model is still served)."""
+        try:
+            return read_corpus_record(self.folder(name))
+        except RequestError:
+            return None
+        except (OSError, ValueError) as e:
+            logger.warning("model %r: its corpus record is ignored: %s", name, e)
+            return None
+
+    def vocab_sha256(self, name: str) -> str | None:
+        """The hash of the model's vocabulary (`vocab.json`): models with the same one read a prompt the same way.
+        None when the model is missing or its vocabulary unreadable (its requests say why)."""
+        from ..vocab import VOCAB_FILE_NAME, CharVocab
+
+        try:
+            return CharVocab.from_file(self.folder(name) / VOCAB_FILE_NAME).sha256
+        except (RequestError, OSError, ValueError):
+            return None
 
     # ---- loading (once per key, shared) ----
 

@@ -13,11 +13,16 @@ from __future__ import annotations
 from .requests import EngineError, Request, Stream
 from .spec import GenerationRequest, RequestError
 
+# How a request accepts characters outside the vocabulary, in the API's words; a surface with a control or a flag of
+# its own passes its words (`unk_hint`): the CLI's `--unk-policy`, the page's "Characters outside the vocabulary".
+UNK_HINT = "set unk_policy to 'replace' (each becomes a space) or 'drop'"
 
-def encode_prompt(vocab, prompt: str, unk_policy: str = "error") -> list[int]:
+
+def encode_prompt(vocab, prompt: str, unk_policy: str = "error", unk_hint: str = UNK_HINT) -> list[int]:
     """The prompt's ids. The empty prompt starts after a newline (id 0), as the lesson's `generate(torch.zeros((1,
     1)))` does. RequestError naming the characters outside the vocabulary (the first ten and a count: nothing of a
-    huge prompt is kept in the error), or a prompt with nothing left once they are dropped."""
+    huge prompt is kept in the error) and how to accept them (`unk_hint`), or a prompt with nothing left once they
+    are dropped."""
     if not isinstance(prompt, str):
         raise RequestError(f"prompt must be text, got {type(prompt).__name__}", "prompt")
     if not prompt:
@@ -29,7 +34,7 @@ def encode_prompt(vocab, prompt: str, unk_policy: str = "error") -> list[int]:
             more = f" and {count - len(first)} more" if count > len(first) else ""
             raise RequestError(
                 f"the prompt has {count:,} character{'s' if count > 1 else ''} outside this model's vocabulary: "
-                f"{shown}{more}. Remove them, or set unk_policy to 'replace' (each becomes a space) or 'drop'",
+                f"{shown}{more}. Remove them, or {unk_hint}",
                 "prompt",
             )
     ids = vocab.encode(prompt, unk_policy=unk_policy)
@@ -47,14 +52,24 @@ class TextStream:
         request: the checked request (`parse_request`).
         index: which prompt of a list this is: its seed is `request.seed_for(index)`.
         prompt: this prompt of a list (None: `request.prompt`); the request itself is held as it is, by reference.
+        unk_hint: how the caller's surface accepts characters outside the vocabulary (see `encode_prompt`).
 
     Raises `RequestError` for a prompt the vocabulary cannot encode and `ServerBusy` when the scheduler's queue is
     full; nothing is submitted then.
     """
 
-    def __init__(self, scheduler, vocab, request: GenerationRequest, index: int = 0, prompt: str | None = None):
+    def __init__(
+        self,
+        scheduler,
+        vocab,
+        request: GenerationRequest,
+        index: int = 0,
+        prompt: str | None = None,
+        unk_hint: str = UNK_HINT,
+    ):
         self.request, self.vocab = request, vocab
-        self.prompt_ids = encode_prompt(vocab, request.prompt if prompt is None else prompt, request.unk_policy)
+        prompt = request.prompt if prompt is None else prompt
+        self.prompt_ids = encode_prompt(vocab, prompt, request.unk_policy, unk_hint)
         self.prompt = vocab.decode(self.prompt_ids)  # as the model reads it (a newline for the empty prompt)
         job = Request(
             self.prompt_ids,

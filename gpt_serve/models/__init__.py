@@ -2,8 +2,8 @@
 
 Torch-free (the ONNX Runtime path uses it). A model folder is a `save_pretrained` folder: `config.json`, the
 weights (`model.safetensors`), the tokenizer files (`vocab.json`, `tokenizer_config.json`), `generation_config.json`,
-a model card and, once exported, `onnx/`. The shipped ones hold exactly that, data only; the code lives once, in
-`gpt_serve`.
+a model card, `corpus.json` (what it was trained on: `gpt_serve.corpus.CorpusRecord`) and, once exported, `onnx/`.
+The shipped ones hold exactly that, data only; the code lives once, in `gpt_serve`.
 
     >>> from gpt_serve.models import model_path, list_models
     >>> model_path("shakespeare")  # the default model's folder
@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..corpus import CORPUS_FILE_NAME
 from ..files import check_regular
 from ..onnx_contract import FP32_FILE_NAME, INPLACE_FP32_FILE_NAME, INPLACE_INT8_FILE_NAME, INT8_FILE_NAME, ONNX_SUBDIR
 
@@ -30,6 +31,7 @@ MODEL_TYPE = "chargpt"
 MODEL_FILE_NAMES = (
     CONFIG_FILE_NAME, WEIGHTS_FILE_NAME, "vocab.json", "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "added_tokens.json", "generation_config.json", "README.md", "loss.png", "metrics.jsonl",
+    CORPUS_FILE_NAME,
 )  # fmt: skip
 # What the export writes into `onnx/` (the graphs, and onnxruntime-genai's config and tokenizer files).
 ONNX_FILE_NAMES = (

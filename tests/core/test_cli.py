@@ -207,3 +207,18 @@ def test_a_missing_dependency_is_one_line_naming_what_to_install(command):
     assert last.startswith(message) and "pip install" in last, result.stderr
     if argv[0] != "demo":  # (the demo says first that, torch missing, it has no attention view)
         assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_generate_starts_from_the_models_own_prompt_and_names_its_flag_for_unknown_characters(
+    tiny_model_dir, tmp_path, capsys
+):
+    import shutil
+
+    from gpt_serve.corpus import CorpusRecord, write_corpus_record
+
+    folder = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    write_corpus_record(folder, CorpusRecord("t", "d", ("KING:\nHark",)))
+    assert main(["generate", str(folder), "--max-new-tokens", "3", "--seed", "0"]) == 0
+    assert capsys.readouterr().out.startswith("KING:\nHark")  # the default prompt: the model's first sample
+    assert main(["generate", str(folder), "--prompt", "é", "--max-new-tokens", "3"]) == 2
+    assert "pass --unk-policy replace (each becomes a space) or --unk-policy drop" in capsys.readouterr().err

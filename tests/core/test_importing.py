@@ -19,7 +19,7 @@ import torch
 from gpt_serve import CharGPTForCausalLM
 from gpt_serve.checkpoints import read_meta
 from gpt_serve.cli import main
-from gpt_serve.corpus import TINY_SHAKESPEARE_CHARS
+from gpt_serve.corpus import TINY_SHAKESPEARE_CHARS, read_corpus_record
 from gpt_serve.generation import SamplingParams, generate_tokens, load_backend
 from gpt_serve.importing import LESSON, NANOGPT, convert, import_checkpoint
 from tests.core.checkpoint_sources import (
@@ -128,8 +128,10 @@ def test_the_folder_is_complete_and_names_its_source(tmp_path, nanogpt, tiny_mod
     shutil.copy(source.parent.parent / "data" / "shakespeare_char" / "meta.pkl", source.parent)  # beside it
     imported = import_checkpoint(source, tmp_path / "model", command="gpt-serve import ckpt.pt model")
     folder = tmp_path / "model"
-    like_training = sorted(p.name for p in tiny_model_dir.iterdir()) + ["README.md"]
+    like_training = sorted(p.name for p in tiny_model_dir.iterdir()) + ["README.md", "corpus.json"]
     assert sorted(p.name for p in folder.iterdir()) == sorted(like_training)
+    record = read_corpus_record(folder)  # what it was given: the 65 characters of Tiny Shakespeare
+    assert record.name == "Tiny Shakespeare" and record.default_prompt in (folder / "README.md").read_text()
     config = json.loads((folder / "config.json").read_text())
     assert config["vocab_sha256"] == imported.vocab.sha256 and config["tie_word_embeddings"] is True
     card = (folder / "README.md").read_text()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -245,7 +248,10 @@ def test_ui_compare_runs_the_default_model_and_the_ladder(handlers):
     assert len(default) == len(a) == len(b) == 12
     assert all("'ladder-" in t and "is not available" in t for t in (c, d, e))
     assert running == "Running the prompt `JULIET:↵O Romeo` (seed 5) through every column…"
-    assert status == "Done: the prompt `JULIET:↵O Romeo` (seed 5), the same settings in every column."
+    assert status == (  # never "the same settings in every column" over columns that could not run
+        "Done: the prompt `JULIET:↵O Romeo` (seed 5) ran in 3 of 6 columns, the same settings in each; 3 columns "
+        "could not run it (the column says why)."
+    )
 
 
 def test_backends_load_once_and_are_shared(models_root):
@@ -291,7 +297,7 @@ def test_a_run_stopped_before_it_starts_generates_nothing(handlers):
 def test_stop_ends_the_ladder_comparison(handlers):
     handlers.ui_stop("", "compare-ticket")
     final = list(handlers.ui_compare(None, "compare-ticket", *form(max_new_tokens=100, seed=5)))[-1]
-    assert final[-1] == "Stopped: the prompt `ROMEO:` (seed 5), the same settings in every column."
+    assert final[-1].startswith("Stopped: the prompt `ROMEO:` (seed 5) ran in 3 of 6 columns")
 
 
 def test_model_info_and_column_labels_show_the_validation_loss(registry):
@@ -307,7 +313,7 @@ def test_model_info_and_column_labels_show_the_validation_loss(registry):
         "**C** + feed-forward Linear -> ReLU after attention"
     )
     assert model_line(registry, "ladder-a", "torch") == (
-        "`ladder-a`: 1 layer × 4 heads, n_embd 32, block_size 8, validation loss 3.250 · PyTorch ✓"
+        "`ladder-a` on Tiny Shakespeare: 1 layer × 4 heads, n_embd 32, block_size 8, validation loss 3.250 · PyTorch ✓"
     )
 
 
@@ -336,3 +342,44 @@ def test_stop_stops_the_pages_running_stream_whatever_ticket_it_sends(handlers):
     next(run), next(run)
     handlers.ui_stop("t-newer", "", page=page)  # the page's ticket box was overwritten by an ignored click
     assert list(run)[-1][2] == "Stopped."
+
+
+@pytest.fixture(scope="module")
+def own_model_root(tmp_path_factory, models_root):
+    """The test models plus `code`: a model on another text (its own vocabulary) with its corpus.json."""
+    from gpt_serve import CharTokenizer
+    from gpt_serve.corpus import CorpusRecord, write_corpus_record
+    from tests.conftest import make_tiny_model
+
+    root = Path(shutil.copytree(models_root, tmp_path_factory.mktemp("own") / "models"))
+    text = "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int = 0\n\nimport os\n" * 40
+    tokenizer = CharTokenizer.from_corpus(text)
+    model = make_tiny_model(vocab_size=tokenizer.vocab_size)
+    model.config.vocab_sha256 = tokenizer.vocab.sha256
+    model.save_pretrained(root / "code")
+    tokenizer.save_pretrained(root / "code")
+    write_corpus_record(root / "code", CorpusRecord.of(text, name="tiny code", description="Python snippets"))
+    return root
+
+
+def test_the_page_presents_the_model_it_serves_and_compares_only_within_a_vocabulary(own_model_root):
+    from demo.app import build_demo
+    from gpt_serve.generation.registry import ModelRegistry
+
+    registry = ModelRegistry.discover(models_root=own_model_root, threads=1)
+    demo = build_demo(registry, default_model="code")
+    config = json.dumps(demo.get_config_file(), default=str)
+    code = registry.corpus("code")
+    assert code.default_prompt == "def add(a, b):\n    return a + b"  # a paragraph's start, cut at its end
+    assert "tiny code" in config and "Python snippets" in config and json.dumps(code.default_prompt) in config
+    assert "Shakespeare" not in config and "ROMEO" not in config
+    assert demo.title == "gpt-serve: Let's build GPT on tiny code"
+    assert demo.handlers.compared == ["code"]  # no ladder stage reads its characters: no comparison on the page
+    assert "compare-btn" not in config
+    examples, prompt = demo.handlers.ui_model_prompts("tiny", code.default_prompt)  # the untouched default prompt
+    assert prompt == "ROMEO:" and examples.raw_samples[0] == ["ROMEO:"]
+    examples, prompt = demo.handlers.ui_model_prompts("code", "my own text")  # a typed prompt stays
+    assert prompt == gr.skip() and examples.raw_samples[0] == [code.default_prompt]
+    shakespeare = build_demo(registry, default_model="tiny")
+    assert shakespeare.handlers.compared == ["tiny", "ladder-a", "ladder-b", "ladder-c", "ladder-d", "ladder-e"]
+    assert "Tiny Shakespeare" in json.dumps(shakespeare.get_config_file(), default=str)

@@ -23,6 +23,7 @@ import pytest
 
 from demo.browser import ORT_DIST, PAGE_FILES, WEB_DIR, browser_files, missing_files
 from demo.form import FORM
+from gpt_serve.corpus import read_corpus_record
 from gpt_serve.generation import SamplingParams, generate_tokens
 from gpt_serve.generation.onnx_backend import OnnxBackend
 from gpt_serve.generation.sampling import GREEDY_BELOW, draw, probabilities
@@ -234,14 +235,22 @@ def test_the_form_asks_what_the_demo_asks_with_its_defaults(chromium, site):
         name: page.locator(f"#{name.replace('_', '-')} label").all_inner_texts()
         for name in ("window_mode", "unk_policy")
     }
+    corpus, examples, title = page.inner_text("#corpus"), page.locator("#examples .example"), page.title()
+    record = read_corpus_record(model_path("shakespeare"))  # the page's model/: the shipped one
+    assert examples.count() == len(record.prompts) and title.endswith("on Tiny Shakespeare")
+    examples.nth(1).click()
+    picked = page.input_value("#prompt")
     page.close()
+    assert corpus == f"This one was trained on Tiny Shakespeare ({record.description})."
+    assert picked == record.prompts[1]  # an example fills in the prompt
     assert texts == PAGE_FORM and texts["window_mode"] == "refill"
     assert dict(labels) == {name: field["label"] for name, field in FORM.items()}
     assert choices == {name: [label for label, _ in FORM[name]["choices"]] for name in choices}
     shown = {
         name: f"{f['default']:g}" if isinstance(f["default"], float | int) else f["default"] for name, f in FORM.items()
     }
-    assert shown == texts
+    assert shown == {**texts, "prompt": ""}  # the prompt: the model's own first sample prompt replaces form.json's
+    assert texts["prompt"] == record.default_prompt
 
 
 @pytest.mark.parametrize(

@@ -304,3 +304,33 @@ def test_the_export_never_writes_through_a_link(tmp_path, tiny_model_dir, capsys
         assert target.read_text() == "# someone else's file\n"
     else:
         assert not any(target.iterdir())
+
+
+def test_the_export_validates_on_the_recorded_text_or_asks_for_it_by_name(tiny_model_dir, tmp_path, corpus):
+    from export.cli import validation_text
+    from gpt_serve.corpus import CorpusRecord, write_corpus_record
+
+    text_path = tmp_path / "my-text.txt"
+    text_path.write_text(corpus[:5000], encoding="utf-8")
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    write_corpus_record(folder, CorpusRecord.of(corpus[:5000], text_path, name="my text", description="a slice"))
+    assert validation_text(folder, None) == (corpus[:5000], "my text (validation split)")  # no --data needed
+    other = tmp_path / "other.txt"
+    other.write_text("a different text\n", encoding="utf-8")
+    assert validation_text(folder, other) == ("a different text\n", "other.txt (validation split)")  # --data wins
+    text_path.write_text(corpus[:4000], encoding="utf-8")  # changed since: its hash no longer matches
+    with pytest.raises(ValueError, match=r"trained on my text \(a slice\), but .*my-text.txt has changed since"):
+        validation_text(folder, None)
+    text_path.unlink()
+    with pytest.raises(ValueError, match=r"trained on my text \(a slice\), but it is no longer at .*Pass --data PATH"):
+        validation_text(folder, None)
+    assert main([str(folder)]) == 2  # the CLI says so, before exporting anything
+    assert not (folder / "onnx").exists()
+
+
+def test_a_validation_text_outside_the_vocabulary_is_named_as_not_the_training_text(tiny_model_dir, tmp_path):
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    with pytest.raises(
+        ValueError, match=r"code.py has 80 characters outside this model's vocabulary of 65 \('\(' at 5, .*not the text"
+    ):
+        export_model(folder, text="def f():\n    return {}\n" * 20, text_source="code.py", threads=1)

@@ -68,7 +68,7 @@ def test_model_override_needs_a_value():
 def test_list_presets(capsys):
     assert main(["--list-presets"]) == 0
     out = capsys.readouterr().out
-    assert all(name in out for name in ("ladder-a", "ladder-e", "ladder-f", "shakespeare-cpu", "tiny"))
+    assert all(name in out for name in ("ladder-a", "ladder-e", "ladder-f", "small-cpu", "shakespeare-cpu", "tiny"))
 
 
 def test_unknown_preset_is_an_error(capsys):
@@ -135,3 +135,13 @@ def test_gpt_serve_dispatches_train_and_ladder_here():
     assert apps["train"].value == "gpt_serve_training.cli:main"
     assert apps["ladder"].value == "gpt_serve_training.ladder:main"
     assert callable(apps["train"].load()) and callable(cli.main)
+
+
+def test_presets_are_named_for_size_and_device_and_the_former_name_still_works():
+    from training.presets import get_preset
+
+    assert get_preset("shakespeare-cpu") is get_preset("small-cpu")  # the former name: an alias
+    assert _config().model == _config("--preset", "shakespeare-cpu").model  # and the default is the same preset
+    assert [get_preset(f"ladder-{s}").name for s in "abcdef"] == [f"ladder-{s}" for s in "abcdef"]  # the lesson's
+    with pytest.raises(ValueError, match="unknown preset 'big'.*'small-cpu'"):
+        get_preset("big")

@@ -72,15 +72,31 @@ def test_model_card_has_front_matter_losses_command_hardware_and_sample(trained,
     assert "small.txt" in body.split("\n\n")[1]  # "trained ... on small.txt (sha256 ...)", not Tiny Shakespeare
     sample = body.split("## Sample")[1].split("```")[1].strip("\n")
     assert len(sample) == 20
+    use = body.split("## Use")[1].split("## Sample")[0]
+    assert json.dumps(trainer.corpus.default_prompt) in use and "ROMEO" not in use  # the model's own text
+
+
+def test_the_folder_records_its_corpus(trained, small_data_path):
+    from gpt_serve.corpus import CorpusRecord, read_corpus_record
+
+    trainer, _, out = trained
+    record = read_corpus_record(out)
+    assert record == trainer.corpus and record.name == "small.txt"
+    assert record.source == str(small_data_path.resolve()) and record.find_text() == small_data_path.resolve()
+    text = small_data_path.read_text(encoding="utf-8")
+    assert record == CorpusRecord.of(text, small_data_path)
+    assert record.prompts and all(("\n" + text).count("\n" + p) for p in record.prompts)  # starts of real lines
 
 
 def test_model_card_names_the_hub_dataset_for_tiny_shakespeare_and_parses_for_any_folder_name(tmp_path, corpus):
     from huggingface_hub import ModelCard
 
-    from training.report import Corpus, card_data
+    from gpt_serve.corpus import CorpusRecord
+    from training.report import card_data
 
-    data = card_data("x: y", 1.4786, 1.31, Corpus.of(corpus, "input.txt"))
+    data = card_data("x: y", 1.4786, 1.31, CorpusRecord.of(corpus, "input.txt"))
     assert data.datasets == ["karpathy/tiny_shakespeare"] and data.language == ["en"]
+    assert data.widget[0] == {"text": "ROMEO:"}  # the Hub's widget examples: the corpus's prompts
     path = tmp_path / "README.md"
     ModelCard(f"---\n{data.to_yaml()}\n---\n# x: y\n").save(path)
     loaded = ModelCard.load(path).data
