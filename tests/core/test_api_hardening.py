@@ -4,6 +4,7 @@ header and body timeouts, the shutdown deadline (`gpt_serve.api_limits`), and th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -198,6 +199,62 @@ def test_a_body_without_the_key_is_refused_from_its_headers(keyed):
     assert right.status_code == 200
 
 
+async def keyless_bodies(port: int, count: int) -> list[str]:
+    """`count` clients at once, each a POST of a 1 MiB body without `Authorization`, sent whole as fast as the server
+    takes it; the status each reads back, or "reset" where the server closed before the client finished sending."""
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_BODY_BYTES}\r\n\r\n".encode()
+    chunk = b" " * 65536
+
+    async def send() -> str:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(head)
+            for _ in range(MAX_BODY_BYTES // len(chunk)):
+                writer.write(chunk)
+                await writer.drain()
+            line = await asyncio.wait_for(reader.readline(), 60)
+            return line.split()[1].decode() if line else "closed"
+        except ConnectionError:
+            return "reset"
+        finally:
+            writer.close()
+
+    return await asyncio.gather(*(send() for _ in range(count)))
+
+
+@pytest.mark.slow
+def test_500_clients_without_the_key_sending_1_mib_each_hold_no_memory(models_root, tmp_path):
+    """The issue's attack on a real server: 500 sockets without `Authorization`, each sending a 1 MiB body at once
+    (the server's RSS went from 433 to 973 MB, and stayed at 958 MB). Each is refused (401, or closed before it
+    finished sending), and the server's RSS peaks within 64 MB of where it was; a request with the key is served."""
+    server, url = start_server(models_root, tmp_path / "serve.log", "--api-key", KEY, "--no-preload")
+    try:
+        assert wait_until(lambda: _healthy(url) or server.poll() is not None, timeout=60)
+        before, peak, done = rss_mb(server.pid), [0.0], threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], rss_mb(server.pid))
+                time.sleep(0.01)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            answers = asyncio.run(keyless_bodies(int(url.rsplit(":", 1)[1]), 500))
+        finally:
+            done.set()
+            sampler.join()
+        print(f"RSS {before:.0f} MB, peak {peak[0]:.0f} MB; answers {sorted(set(answers))}")
+        assert set(answers) <= {"401", "reset"} and "401" in answers, sorted(set(answers))
+        assert peak[0] - before < 64, f"RSS went from {before:.0f} to {peak[0]:.0f} MB"
+        keyed = {"authorization": f"Bearer {KEY}"}
+        answer = post(url, "/v1/completions", b'{"model": "tiny", "prompt": "A", "max_tokens": 1}', **keyed)
+        assert answer.status_code == 200, answer.text
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+
+
 @pytest.mark.parametrize(
     "path", ["/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect", "/v1/models", "/version", "/nope"]
 )
@@ -318,10 +375,10 @@ def test_refusals_of_huge_prompts_leave_memory_where_it_was(registry):
     assert growth < 50, f"RSS grew by {growth:.1f} MB"
 
 
-def running_rows(url: str) -> float:
-    """`gpt_serve_num_requests_running` summed over the server's models and backends."""
+def running_rows(url: str, state: str = "running") -> float:
+    """`gpt_serve_num_requests_running` (or `_waiting`) summed over the server's models and backends."""
     lines = httpx.get(f"{url}/metrics").text.splitlines()
-    return sum(float(x.split()[-1]) for x in lines if x.startswith("gpt_serve_num_requests_running{"))
+    return sum(float(x.split()[-1]) for x in lines if x.startswith(f"gpt_serve_num_requests_{state}{{"))
 
 
 def request_bytes(body: bytes) -> bytes:
@@ -399,12 +456,9 @@ def test_shutdown_ends_open_streams_with_done_within_the_deadline(models_root, t
     """`gpt-serve serve --shutdown-timeout 1`, SIGTERM while a stream (read slowly) and a non-streaming request are
     open: after the deadline both end, the stream with finish_reason "abort" and `data: [DONE]`, the other answered
     with "abort"; a client that stops reading does not hold the exit past the deadline and its grace."""
-    port, log = free_port(), tmp_path / "serve.log"
-    command = [sys.executable, "-m", "gpt_serve", "serve", "--models-root", str(models_root), "--port", str(port)]
-    command += ["--backend", "torch", "--threads", "1", "--shutdown-timeout", "1", "--log-level", "warning"]
-    with open(log, "wb") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    server, url = start_server(models_root, log, "--shutdown-timeout", "1", "--log-level", "warning")
+    port = int(url.rsplit(":", 1)[1])
     long = {"model": "tiny", "prompt": "A", "max_tokens": 100_000, "window_mode": "exact"}
     try:
         assert wait_until(lambda: "on http://" in log.read_text() or server.poll() is not None, timeout=60)
@@ -444,47 +498,61 @@ def test_shutdown_ends_open_streams_with_done_within_the_deadline(models_root, t
 
 
 def test_a_second_signal_cuts_the_streams_and_never_skips_the_drain(models_root, tmp_path):
-    """The issue's shutdown: SIGTERM, then SIGINT while the server drains (uvicorn's "force exit", which dropped 21
-    of 24 streams without [DONE]). With a drain deadline far away, the second signal cuts every open stream at once:
-    each ends with finish_reason "abort" and `data: [DONE]`, and the server exits by the first signal."""
-    port, log = free_port(), tmp_path / "serve.log"
-    command = [sys.executable, "-m", "gpt_serve", "serve", "--models-root", str(models_root), "--port", str(port)]
-    command += ["--backend", "torch", "--threads", "1", "--shutdown-timeout", "60", "--log-level", "info"]
-    with open(log, "wb") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    body = {"model": "tiny", "prompt": "A", "max_tokens": 100_000, "window_mode": "exact", "stream": True}
-    texts: dict[int, str] = {}
-    started = [threading.Event() for _ in range(6)]
+    """The issue's shutdown: 24 streams and 4 requests that do not stream, then SIGTERM, then SIGINT while the server
+    drains (uvicorn's "force exit", which cut 21 of the 24 streams without [DONE] and left the 4 unanswered). With a
+    drain deadline far away, the second signal cuts every open request at once, running or waiting: each stream ends
+    with finish_reason "abort" and `data: [DONE]`, each other request is answered with "abort", and the server exits
+    by the first signal."""
+    log = tmp_path / "serve.log"
+    server, url = start_server(models_root, log, "--shutdown-timeout", "60", "--log-level", "info")
+    body = {"model": "tiny", "prompt": "A", "max_tokens": 100_000, "window_mode": "exact"}
+    texts: dict[str, str] = {}
 
     def read(i: int) -> None:
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as response:
             for chunk in response.iter_text():
-                texts[i] = texts.get(i, "") + chunk
-                started[i].set()
+                texts[f"stream {i}"] = texts.get(f"stream {i}", "") + chunk
+
+    def ask(i: int) -> None:
+        texts[f"plain {i}"] = httpx.post(f"{url}/v1/completions", json=body, timeout=60).text
 
     try:
         assert wait_until(lambda: _healthy(url) or server.poll() is not None, timeout=60), log.read_text()
-        readers = [threading.Thread(target=read, args=(i,)) for i in range(len(started))]
-        for reader in readers:
-            reader.start()
-        assert all(event.wait(30) for event in started)
+        clients = [threading.Thread(target=read, args=(i,)) for i in range(24)]
+        clients += [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        for client in clients:
+            client.start()
+        # 16 rows run (--max-batch), 12 wait
+        assert wait_until(lambda: running_rows(url) + running_rows(url, "waiting") == 28, timeout=60)
         server.send_signal(signal.SIGTERM)
         assert wait_until(lambda: "Shutting down" in log.read_text(), timeout=10), log.read_text()[-2000:]
         server.send_signal(signal.SIGINT)  # the server is draining: the second signal
-        assert server.wait(timeout=20) == -signal.SIGTERM, log.read_text()[-2000:]
-        for reader in readers:
-            reader.join(timeout=10)
-        for i, text in sorted(texts.items()):
-            assert text.endswith("data: [DONE]\n\n"), (i, text[-300:])
-            last = json.loads(text.rstrip().split("\n\n")[-2].removeprefix("data: "))
-            assert last["choices"][0]["finish_reason"] == "abort", (i, last)
-        assert len(texts) == len(started) and "Traceback" not in log.read_text()
+        assert server.wait(timeout=30) == -signal.SIGTERM, log.read_text()[-2000:]
+        for client in clients:
+            client.join(timeout=10)
+        assert len(texts) == 28, sorted(texts)
+        for name, text in sorted(texts.items()):
+            if name.startswith("stream"):
+                assert text.endswith("data: [DONE]\n\n"), (name, text[-300:])
+                text = text.rstrip().split("\n\n")[-2].removeprefix("data: ")
+            assert json.loads(text)["choices"][0]["finish_reason"] == "abort", (name, text[-300:])
+        assert "Traceback" not in log.read_text()
         assert "signal 2 during the shutdown: the open requests are cut now" in log.read_text()
     finally:
         if server.poll() is None:
             server.kill()
             server.wait(timeout=10)
+
+
+def start_server(models_root, log, *flags: str) -> tuple[subprocess.Popen, str]:
+    """`gpt-serve serve` of the test models (torch, one thread) in a child process on a free port of 127.0.0.1, its
+    output in `log`; (the process, its URL)."""
+    port = free_port()
+    command = [sys.executable, "-m", "gpt_serve", "serve", "--models-root", str(models_root), "--port", str(port)]
+    command += ["--backend", "torch", "--threads", "1", *flags]
+    with open(log, "wb") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    return server, f"http://127.0.0.1:{port}"
 
 
 def _healthy(url: str) -> bool:
