@@ -15,8 +15,6 @@ from ..window import window_keep, window_start
 from .requests import EngineError, Stream
 from .sampling import (
     SamplingParams,
-    apply_openai_penalties,
-    apply_repetition_penalty,
     draw_uniforms,
     finite_rows,
     log_softmax,
@@ -115,34 +113,48 @@ def _isolated(indices: list[int], out: Outcome, stage: str, batch, alone) -> Non
 
 
 def _penalized(rows: list[Row], logits: np.ndarray, out: Outcome) -> np.ndarray:
-    """The logits after each row's penalties (a copy where any row has them); a row whose penalties fail or make
-    its logits non-finite ends with an error."""
+    """The logits after each row's penalties (a copy where any row has them), for all such rows at once (or, if
+    that raises, each alone); a row whose penalties fail or make its logits non-finite ends with an error."""
     penalized = [i for i, r in enumerate(rows) if (r.seen is not None or r.counts is not None) and i not in out.errors]
     if not penalized:
         return logits
     work = logits.copy()
 
-    def penalize(i: int) -> None:
-        row = rows[i]
-        if row.seen is not None:
-            apply_repetition_penalty(work[i], row.seen, row.sampling.repetition_penalty)
-        if row.counts is not None:
-            apply_openai_penalties(work[i], row.counts, row.sampling)
+    def penalize(indices: list[int]) -> None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            apply_penalties(work, indices, [rows[i].sampling for i in indices], rows)
 
-    for i in penalized:  # per row: each has its own state
-        try:
-            with np.errstate(over="ignore", invalid="ignore"):
-                penalize(i)
-        except Exception as e:
-            out.errors[i] = EngineError(f"the penalties failed for this request: {type(e).__name__}: {e}")
-            continue
-        if not np.isfinite(work[i]).all():
-            s = _penalty_settings(rows[i].sampling)
-            out.errors[i] = EngineError(
-                f"the penalties ({s}) made this request's logits infinite for token "
-                f"{len(rows[i].ids) - rows[i].prompt_len + 1}: nothing to sample from, so it ends here"
-            )
+    _isolated(penalized, out, "the penalties", penalize, lambda i: penalize([i]))
+    checked = [i for i in penalized if i not in out.errors]
+    for i in np.asarray(checked)[~finite_rows(work[checked])]:
+        s = _penalty_settings(rows[i].sampling)
+        out.errors[int(i)] = EngineError(
+            f"the penalties ({s}) made this request's logits infinite for token "
+            f"{len(rows[i].ids) - rows[i].prompt_len + 1}: nothing to sample from, so it ends here"
+        )
     return work
+
+
+def apply_penalties(work: np.ndarray, indices: list[int], params: list[SamplingParams], rows: list[Row]) -> None:
+    """Rows `indices` of `work` (rows, V) after their penalties, in place, as array operations over those rows:
+    transformers' repetition penalty over each row's tokens so far (`Row.seen`), then OpenAI's presence and
+    frequency penalties over its generated tokens (`Row.counts`). Each row's numbers are exactly those of
+    `sampling.apply_repetition_penalty` and `apply_openai_penalties` on that row alone."""
+    repeat = [k for k, i in enumerate(indices) if rows[i].seen is not None]
+    if repeat:
+        at = [indices[k] for k in repeat]
+        seen = np.stack([rows[i].seen for i in at])  # (k, V)
+        # in the logits' own dtype, as dividing a float32 row by a Python float does
+        penalty = np.array([params[k].repetition_penalty for k in repeat], dtype=work.dtype)[:, None]
+        z = work[at]
+        work[at] = np.where(seen, np.where(z > 0, z / penalty, z * penalty), z)
+    counted = [k for k, i in enumerate(indices) if rows[i].counts is not None]
+    if counted:
+        at = [indices[k] for k in counted]
+        counts = np.stack([rows[i].counts for i in at])  # (k, V)
+        frequency = np.array([params[k].frequency_penalty for k in counted])[:, None]
+        presence = np.array([params[k].presence_penalty for k in counted])[:, None]
+        work[at] -= frequency * counts + presence * (counts > 0)
 
 
 def _penalty_settings(s: SamplingParams) -> str:

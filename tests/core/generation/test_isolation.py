@@ -126,6 +126,42 @@ def test_a_failure_in_one_rows_stage_ends_only_that_request(monkeypatch, stage):
     assert got == [alone(r) for r in neighbours()]
 
 
+def test_the_batched_penalties_give_each_row_its_own_numbers_bit_for_bit():
+    """`rows.apply_penalties` over many rows at once: each row exactly as `apply_repetition_penalty` and
+    `apply_openai_penalties` make it alone."""
+    from gpt_serve.generation.sampling import apply_openai_penalties, apply_repetition_penalty
+
+    rng = np.random.default_rng(0)
+    settings = [
+        SamplingParams(0.8, repetition_penalty=1.3),
+        SamplingParams(0.8, repetition_penalty=0.7, presence_penalty=0.5, frequency_penalty=-0.3),
+        SamplingParams(0.8, frequency_penalty=1.7),
+        SamplingParams(0.8, repetition_penalty=9.99, presence_penalty=-2.0),
+    ]
+    rows = []
+    for i, params in enumerate(settings * 3):
+        row = rows_module.Row(stream_of(params, rng.integers(0, 65, size=5 + i).tolist()), 128, 65)
+        for token in rng.integers(0, 65, size=i):
+            row.accept(int(token))
+        rows.append(row)
+    logits = rng.normal(scale=4, size=(len(rows), 65)).astype(np.float32)
+    batched = logits.copy()
+    rows_module.apply_penalties(batched, list(range(len(rows))), [r.sampling for r in rows], rows)
+    for i, row in enumerate(rows):
+        alone = logits[i].copy()
+        if row.seen is not None:
+            apply_repetition_penalty(alone, row.seen, row.sampling.repetition_penalty)
+        if row.counts is not None:
+            apply_openai_penalties(alone, row.counts, row.sampling)
+        assert np.array_equal(batched[i], alone), i
+
+
+def stream_of(params: SamplingParams, prompt: list[int]):
+    from gpt_serve.generation.requests import Stream
+
+    return Stream(Request(prompt, 10, params, seed=1), owner=None)
+
+
 def test_values_that_can_only_overflow_are_refused_when_parsed():
     with pytest.raises(RequestError, match=r"repetition_penalty must be a number in \[0.01, 10\]"):
         parse_request({"prompt": "ROMEO:", "max_tokens": 5, "repetition_penalty": 1e-320})
@@ -285,14 +321,14 @@ def test_over_the_api_a_failing_request_ends_alone_beside_streams_and_other_requ
 
     import httpx
 
-    penalize = rows_module.apply_repetition_penalty
+    penalize = rows_module.apply_penalties
 
-    def failing(logits, seen, penalty):
-        if penalty == 1.5:
+    def failing(work, indices, params, rows):
+        if any(p.repetition_penalty == 1.5 for p in params):
             raise FloatingPointError("injected")
-        return penalize(logits, seen, penalty)
+        return penalize(work, indices, params, rows)
 
-    monkeypatch.setattr(rows_module, "apply_repetition_penalty", failing)
+    monkeypatch.setattr(rows_module, "apply_penalties", failing)
     body = {"model": "tiny", "prompt": "ROMEO:", "max_tokens": 60, "seed": 1}
 
     def stream(i):
