@@ -62,9 +62,11 @@ def child_ours(args, prompt: list[int]) -> dict:
         scheduler = registry.scheduler("model", args.engine)
         run(scheduler_stream(scheduler, prompt, WARM_TOKENS, "refill"), args.streams, WARM_TOKENS)
         result = run(scheduler_stream(scheduler, prompt, args.tokens, "refill"), args.streams, args.tokens)
+        tuner = getattr(scheduler.backend, "tuner", None)  # PyTorch's: steps that stalled, then ran on one thread
     finally:
         registry.close()
-    return {"aggregate": result["aggregate"], "tokens": args.tokens * result["complete"]}
+    figures = {"aggregate": result["aggregate"], "tokens": args.tokens * result["complete"]}
+    return {**figures, "stalls": tuner.stalls} if tuner is not None else figures
 
 
 def child_vllm(args, prompt: list[int]) -> dict:
@@ -225,7 +227,9 @@ def bench(args, work: Path) -> int:
             if errors:
                 print(f"| {engine} | {n} | failed | {errors[0]} | |")
                 continue
-            each = " / ".join(f"{run['aggregate']:,.0f}" for run in runs)
+            # a PyTorch round whose thread tuner saw stalls ran some steps on one thread (`ThreadTuner`)
+            stalled = [f" ({run['stalls']} stalls)" if run.get("stalls") else "" for run in runs]
+            each = " / ".join(f"{run['aggregate']:,.0f}{note}" for run, note in zip(runs, stalled, strict=True))
             median = statistics.median(run["aggregate"] for run in runs)
             print(f"| {engine} | {n} | {median:,.0f} | {each} | {runs[0]['tokens']} |")
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
