@@ -60,6 +60,12 @@ START_GENERATE_JS = f"() => [{NEW_TICKET}, {ENABLED}, {CLEARED}]"
 START_COMPARE_JS = f"() => [{NEW_TICKET}, {ENABLED}, {VIEW_CLEARED}]"  # Generate's output stays
 # Each Stop sends its own run's ticket only (`DemoHandlers.ui_stop` takes Generate's, then the comparison's)
 STOP_GENERATE_JS = '(generate, compare) => [generate, ""]'
+# After a run (ended or stopped) the output box shows its latest text: Gradio's last update of a stream leaves the box
+# scrolled to its top.
+SCROLL_OUTPUT_JS = """() => requestAnimationFrame(() => {
+  const box = document.querySelector("#output textarea");
+  if (box) box.scrollTop = box.scrollHeight;
+})"""
 STOP_COMPARE_JS = '(generate, compare) => ["", compare]'
 
 
@@ -307,6 +313,7 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
         **stream_group,
     )
     gen_event.then(handlers.ui_generate_ended, None, ui.stop_btn, queue=False, show_progress="hidden", **private)
+    gen_event.then(None, None, None, js=SCROLL_OUTPUT_JS, queue=False, **private)
     attention = dict(
         fn=handlers.ui_attention,
         outputs=[ui.heatmap, ui.attention_state, ui.layer, ui.caption],

@@ -13,6 +13,7 @@ Gradio page it serves the OpenAI-compatible API (/v1) and the in-browser page of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import logging
 import os
@@ -38,6 +39,11 @@ from gpt_serve.cli import (
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.spec import MAX_NEW_TOKENS
 from gpt_serve.models import MODELS_DIR
+
+# The demo's largest request by default: a slider a visitor can set to the token (1 to 2,000 over a few hundred
+# pixels; the specification's 100,000 made one pixel about 170 tokens), and no visitor's run holds a row for minutes.
+# `--max-new-tokens-limit` raises it, up to the specification's MAX_NEW_TOKENS.
+MAX_NEW_TOKENS_LIMIT = 2_000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-new-tokens-limit",
         type=max_tokens_limit,
-        default=MAX_NEW_TOKENS,
-        help=f"the largest max_new_tokens a request may ask for (default and most: {MAX_NEW_TOKENS})",
+        default=MAX_NEW_TOKENS_LIMIT,
+        help=f"the largest max_new_tokens a request may ask for, on the page (its slider's top) and through /v1 "
+        f"(default {MAX_NEW_TOKENS_LIMIT}, at most {MAX_NEW_TOKENS})",
     )
     p.add_argument(
         "--stream-interval",
@@ -229,15 +236,27 @@ def main(argv: list[str] | None = None) -> int:
         max_updates_per_second=args.max_updates_per_second or None,
         concurrency=args.concurrency,
     )
+    mounted = {}
+
+    @contextlib.asynccontextmanager
+    async def mount_routes(app):
+        """/v1 and /browser/ join the app before the server accepts its first connection (uvicorn runs the lifespan's
+        start first): a request sent as soon as the page answers finds them."""
+        mounted["drain"] = mount_api(app, registry, args.backend, args.max_new_tokens_limit, **access)
+        mounted["missing"] = mount_browser(app, registry.folder(default_model))
+        yield
+
+    options = launch_options(limits, access["api_key"], access["metrics_need_key"])
+    options["app_kwargs"]["lifespan"] = mount_routes  # Gradio runs its own lifespan, then this one
     try:
-        app, _, _ = demo.launch(
+        demo.launch(
             server_name=args.host,
             server_port=args.port,
             share=args.share,
             prevent_thread_lock=True,
             max_threads=max(40, 2 * args.concurrency + 8),
             ssr_mode=False,
-            **launch_options(limits, access["api_key"], access["metrics_need_key"]),
+            **options,
             mcp_server=args.mcp,
         )
     except OSError as e:
@@ -246,10 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     from gpt_serve.api_limits import close_slow_headers
 
     close_slow_headers(demo.server, limits.header_timeout)
-    drain = mount_api(app, registry, args.backend, args.max_new_tokens_limit, **access)
+    drain, missing = mounted["drain"], mounted["missing"]
     if drain is not None:
         print(f"demo: OpenAI-compatible API at http://{args.host}:{args.port}/v1 (completions, chat, models)")
-    missing = mount_browser(app, registry.folder(default_model))
     print(
         f"demo: in-browser page (onnxruntime-web) at http://{args.host}:{args.port}/browser/"
         + (f" (not available: {missing})" if missing else "")

@@ -21,7 +21,8 @@ UNK_CHOICES = [
     ("replace each with a space", "replace"),
     ("drop them", "drop"),
 ]
-# field (the request specification's name) -> its label, default and, for a choice, its (label, value) choices
+# field (the request specification's name) -> its label, default and, for a choice, its (label, value) choices (and
+# for unk_policy the words the message about unknown characters ends with, below)
 FORM = {
     # the served model's first sample prompt replaces it (its folder's corpus.json); empty: after a newline
     "prompt": dict(label="Prompt", default=""),
@@ -33,6 +34,12 @@ FORM = {
     "window_mode": dict(label="Past block_size", default=DEFAULT_WINDOW_MODE, choices=WINDOW_CHOICES),
     "unk_policy": dict(label="Characters outside the vocabulary", default="error", choices=UNK_CHOICES),
 }
+# How the pages accept characters outside the vocabulary, in their control's words (not the API's `unk_policy`): the
+# end of the message about them (`gpt_serve.generation.text.encode_prompt`'s `unk_hint`), on both pages.
+_UNK = {value: label for label, value in UNK_CHOICES}
+FORM["unk_policy"]["hint"] = (
+    f'choose "{_UNK["replace"]}" or "{_UNK["drop"]}" under "{FORM["unk_policy"]["label"]}" (in Sampling)'
+)
 
 
 def form_json() -> str:

@@ -41,9 +41,7 @@ from .generation import (
 
 logger = logging.getLogger(__name__)
 
-# How the page accepts characters outside the vocabulary: its control's words (`demo.form`), not the API's field
-_UNK = dict((value, label) for label, value in FORM["unk_policy"]["choices"])
-PAGE_UNK_HINT = f'choose "{_UNK["replace"]}" or "{_UNK["drop"]}" under "{FORM["unk_policy"]["label"]}" (in Sampling)'
+PAGE_UNK_HINT = FORM["unk_policy"]["hint"]  # how the page accepts characters outside the vocabulary (`demo.form`)
 ATTENTION_CACHE = 8  # attention views kept for the layer selector (each at most n_layer x n_head x T x T floats)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from gpt_serve.corpus import read_corpus_record
 from gpt_serve.files import check_regular, refuse_link, write_file
 from gpt_serve.models import MODELS_DIR
 
@@ -129,7 +131,8 @@ the vocabulary's sha256, checked against `vocab.json` at load time.
 from gpt_serve.generation import SamplingParams, load_backend, stream_text  # needs only numpy + onnxruntime
 
 loaded = load_backend("{name}", "onnx-int8", threads=2)
-print("".join(stream_text(loaded.backend, loaded.vocab, "ROMEO:", 200, SamplingParams(temperature=0.8), seed=0)))
+prompt = {json.dumps(use_prompt(report.model_dir))}  # the model's first sample prompt (its corpus.json)
+print("".join(stream_text(loaded.backend, loaded.vocab, prompt, 200, SamplingParams(temperature=0.8), seed=0)))
 ```
 
 `onnx/genai_config.json` with `onnx/tokenizer.json` lets onnxruntime-genai run the
@@ -137,6 +140,13 @@ print("".join(stream_text(loaded.backend, loaded.vocab, "ROMEO:", 200, SamplingP
 no sliding window) and treats {eos} as end of text.
 {CARD_END}
 """
+
+
+def use_prompt(model_dir: Path) -> str:
+    """The prompt of the card's snippet: the model's first sample prompt (`corpus.json`), else the empty prompt (the
+    text after a newline)."""
+    record = read_corpus_record(model_dir)
+    return record.default_prompt if record is not None else ""
 
 
 def update_model_card(model_dir: Path, section: str) -> Path:

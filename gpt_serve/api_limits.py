@@ -242,9 +242,12 @@ def close_slow_headers(server, seconds: float) -> threading.Thread:
     return thread
 
 
-def run_server(app, host: str, port: int, log_level: str, limits: ServerLimits, drain: Drain) -> None:
+def run_server(
+    app, host: str, port: int, log_level: str, limits: ServerLimits, drain: Drain, access_log: bool = False
+) -> None:
     """Serves `app` (`gpt_serve.api.create_app`) with uvicorn until SIGINT or SIGTERM, with the header timeout and
-    the shutdown deadline of `limits`. A second signal (uvicorn's "force exit", which would skip the drain and drop
+    the shutdown deadline of `limits`; a line per request in the log only with `access_log` (uvicorn's access log).
+    A second signal (uvicorn's "force exit", which would skip the drain and drop
     the open streams without their last chunk) cuts the open requests at once instead: each still ends with
     `finish_reason: "abort"` and `data: [DONE]`, and the server exits when they have."""
     import uvicorn
@@ -268,7 +271,7 @@ def run_server(app, host: str, port: int, log_level: str, limits: ServerLimits, 
             await super().shutdown(sockets)
 
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level,
+        app, host=host, port=port, log_level=log_level, access_log=access_log,
         timeout_graceful_shutdown=limits.shutdown_timeout + SHUTDOWN_GRACE,  # type: ignore[arg-type]
     )  # fmt: skip
     server = Server(config)

@@ -306,7 +306,7 @@ def _serve(args: argparse.Namespace) -> int:
         registry, default_backend=args.backend, max_tokens_limit=args.max_tokens_limit, limits=limits, **options
     )
     print(f"gpt-serve serve: models {registry.available} on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    run_server(app, args.host, args.port, args.log_level, limits, app.state.drain)
+    run_server(app, args.host, args.port, args.log_level, limits, app.state.drain, args.access_log)
     return 0
 
 
@@ -314,6 +314,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
     from .models import MODELS_DIR
 
     not_with_ray = [f for f in ("--header-timeout", "--shutdown-timeout") if hasattr(args, LIMIT_FLAGS[f][0])]
+    not_with_ray += ["--access-log"] if args.access_log else []  # the replicas' request lines: --log-level info
     if not_with_ray:  # Ray's proxy holds the connections, and the replicas' shutdown is Ray's
         raise ValueError(f"not with --ray: {', '.join(not_with_ray)}")
     from .ray_serve import RayServeOptions, require_ray, serving  # the `ray` extra (a message: `main`)
@@ -567,6 +568,12 @@ def _serve_parser(sub) -> None:
         default="info",
         choices=["debug", "info", "warning", "error"],
         help="the server's (with --ray: the replicas')",
+    )
+    s.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="a line per request in the server's log (uvicorn's access log; not with --ray)",
     )
     s.add_argument("--verbose", action="store_true", help="the same as --progress")
     add_progress_argument(s)

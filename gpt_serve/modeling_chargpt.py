@@ -181,7 +181,8 @@ def upgrade_state_dict(state: dict) -> dict:
 @contextlib.contextmanager
 def quiet_weight_loading():
     """transformers' "Loading weights" progress bar off while the block runs (on again after it, if it was), so that
-    loading a model prints nothing; `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment keeps it (what the commands'
+    loading a model prints nothing (saving one neither: its "Writing model shards" bar is the same switch);
+    `HF_HUB_DISABLE_PROGRESS_BARS=0` in the environment keeps it (what the commands'
     `--progress` sets)."""
     from transformers.utils import logging as transformers_logging
 

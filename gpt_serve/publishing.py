@@ -21,12 +21,14 @@ A copy is meant to be uploaded as it is, so it holds what a model folder is and 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .corpus import read_corpus_record
 from .files import write_file
 from .models import MODEL_FILE_NAMES, ONNX_FILE_NAMES, model_path
 from .onnx_contract import ONNX_SUBDIR
@@ -106,7 +108,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 model = AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)
 tokenizer = AutoTokenizer.from_pretrained("PATH", trust_remote_code=True)
-ids = tokenizer("ROMEO:", return_tensors="pt").input_ids
+ids = tokenizer(PROMPT, return_tensors="pt").input_ids
 print(tokenizer.decode(model.generate(ids, max_new_tokens=200, do_sample=True)[0]))
 ```
 
@@ -134,19 +136,27 @@ def write_self_contained(source: str | os.PathLike, out: str | os.PathLike, repl
         for rel in plan.copied:
             data = _read_own(folder / rel)
             if rel == "README.md":
-                data = with_remote_code_use(data.decode("utf-8")).encode("utf-8")
+                data = with_remote_code_use(data.decode("utf-8"), _use_prompt(folder)).encode("utf-8")
             (tmp / rel).parent.mkdir(exist_ok=True)
             write_file(tmp / rel, data)
 
     return write_new_folder(out, write, replace=replace)
 
 
-def with_remote_code_use(card: str) -> str:
-    """`card` (a model card) with its "## Use" section saying how plain transformers loads the folder."""
+def _use_prompt(folder: Path) -> str:
+    """The Use snippet's prompt: the model's first sample prompt (`corpus.json`), else the empty prompt."""
+    record = read_corpus_record(folder)
+    return record.default_prompt if record is not None else ""
+
+
+def with_remote_code_use(card: str, prompt: str = "") -> str:
+    """`card` (a model card) with its "## Use" section saying how plain transformers loads the folder, from
+    `prompt` (the model's own: its first sample prompt)."""
+    use = REMOTE_CODE_USE.replace("PROMPT", json.dumps(prompt), 1)
     section = re.compile(r"^## Use\n.*?(?=^## |\Z)", re.S | re.M)
     if section.search(card):
-        return section.sub(lambda _: REMOTE_CODE_USE, card, count=1)
-    return card.rstrip("\n") + "\n\n" + REMOTE_CODE_USE
+        return section.sub(lambda _: use, card, count=1)
+    return card.rstrip("\n") + "\n\n" + use
 
 
 __all__ = ["CopyPlan", "plan_copy", "write_self_contained", "with_remote_code_use"]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
 from gpt_serve.corpus import CorpusRecord, load_text, write_corpus_record
-from gpt_serve.modeling_chargpt import upgrade_state_dict
+from gpt_serve.modeling_chargpt import quiet_weight_loading, upgrade_state_dict
 
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .config import ARCH_KEYS, MODEL_KEYS, OPTIMIZATION_KEYS, SCHEDULES, TrainConfig, make_scheduler  # noqa: F401
@@ -355,7 +355,9 @@ class Trainer:
             self.model.eval()
 
             def write(folder: Path) -> None:
-                self.model.save_pretrained(folder)
+                # transformers' "Writing model shards" bar only with the progress bars (`--progress`)
+                with contextlib.nullcontext() if self.cfg.progress else quiet_weight_loading():
+                    self.model.save_pretrained(folder)
                 self.tokenizer.save_pretrained(folder)
                 write_corpus_record(folder, self.corpus)  # what the surfaces and the export read of the text
                 write_model_card(self, result, folder)

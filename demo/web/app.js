@@ -28,6 +28,7 @@ const modelUrl = query.get("model") ?? "model/";
 const onnxFile = query.get("onnx") ?? ONNX_FILES[0];
 
 let current = null; // the running generation: {stop: boolean}
+let unkHint; // how the form accepts characters outside the vocabulary, in its control's words (form.json)
 
 async function openModel() {
   let ort;
@@ -118,6 +119,7 @@ function formFields() {
 /** Labels the form's fields, adds the choices' radio buttons and fills in the defaults, as the demo's (form.json). */
 function showForm(form) {
   document.querySelectorAll("[data-field]").forEach((el) => (el.textContent = form[el.dataset.field].label));
+  unkHint = form.unk_policy.hint;
   for (const name of CHOICE_FIELDS) {
     for (const [label, value] of form[name].choices) {
       const input = Object.assign(document.createElement("input"), { type: "radio", name: inputId(name), value });
@@ -136,7 +138,7 @@ async function onGenerate(model, spec) {
   document.querySelectorAll(".invalid").forEach((el) => el.classList.remove("invalid"));
   let request;
   try {
-    request = readForm(formFields(), spec, model.vocab);
+    request = readForm(formFields(), spec, model.vocab, unkHint);
   } catch (e) {
     if (!(e instanceof FieldError)) throw e;
     $(e.field)?.classList.add("invalid");

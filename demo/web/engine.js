@@ -49,11 +49,15 @@ export function checkPromptIds(ids, vocabSize, name = "the prompt") {
   }
 }
 
+// How a request accepts characters outside the vocabulary, in the API's words (text.py's UNK_HINT); the page's form
+// passes its control's words instead (form.json's unk_policy.hint).
+export const UNK_HINT = "set unk_policy to 'replace' (each becomes a space) or 'drop'";
+
 /** The prompt's ids (gpt_serve/generation/text.py's encode_prompt, with its messages). The empty prompt starts
  * after a newline (id 0), as the lesson's generate(torch.zeros((1, 1))) does. With unkPolicy "error", a
- * RequestError names the characters outside the vocabulary (the first ten and a count); "replace" makes each a
- * space, "drop" removes them (a RequestError if nothing is left). */
-export function encodePrompt(vocab, prompt, unkPolicy = "error") {
+ * RequestError names the characters outside the vocabulary (the first ten and a count) and how to accept them
+ * (unkHint); "replace" makes each a space, "drop" removes them (a RequestError if nothing is left). */
+export function encodePrompt(vocab, prompt, unkPolicy = "error", unkHint = UNK_HINT) {
   if (!prompt) return [0];
   if (unkPolicy === "error") {
     const unknown = vocab.unknown(prompt);
@@ -63,7 +67,7 @@ export function encodePrompt(vocab, prompt, unkPolicy = "error") {
       const more = count > 10 ? ` and ${count - 10} more` : "";
       throw new RequestError(
         `the prompt has ${commas(count)} character${count > 1 ? "s" : ""} outside this model's vocabulary: ` +
-          `${shown}${more}. Remove them, or set unk_policy to 'replace' (each becomes a space) or 'drop'`,
+          `${shown}${more}. Remove them, or ${unkHint}`,
         "prompt",
       );
     }

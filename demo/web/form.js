@@ -44,13 +44,14 @@ export function typedValue(name, text) {
  * @param {Object<string, string>} fields the texts of FORM_FIELDS, by name (one left out takes its default)
  * @param {object} spec the specification table (limits.json)
  * @param {import("./vocab.js").CharVocab} vocab the model's vocabulary
+ * @param {string} [unkHint] how the page accepts characters outside the vocabulary (form.json's unk_policy.hint)
  */
-export function readForm(fields, spec, vocab) {
+export function readForm(fields, spec, vocab, unkHint = undefined) {
   try {
     const given = FORM_FIELDS.filter((name) => fields[name] !== undefined && fields[name] !== null);
     const values = Object.fromEntries(given.map((name) => [name, typedValue(name, fields[name])]));
     const request = parseRequest(spec, values);
-    return { ...request, promptIds: encodePrompt(vocab, request.prompt, request.unkPolicy) };
+    return { ...request, promptIds: encodePrompt(vocab, request.prompt, request.unkPolicy, unkHint) };
   } catch (e) {
     if (!(e instanceof RequestError)) throw e;
     throw new FieldError(inputId(e.field ?? "prompt"), e.message);

@@ -538,6 +538,7 @@ def test_a_second_signal_cuts_the_streams_and_never_skips_the_drain(models_root,
             assert json.loads(text)["choices"][0]["finish_reason"] == "abort", (name, text[-300:])
         assert "Traceback" not in log.read_text()
         assert "signal 2 during the shutdown: the open requests are cut now" in log.read_text()
+        assert "Started server process" in log.read_text() and "HTTP/1.1" not in log.read_text()  # no access log
     finally:
         if server.poll() is None:
             server.kill()
@@ -587,6 +588,20 @@ def test_bad_limits_are_usage_errors(capsys, flags, message):
 def test_timeouts_of_the_connection_are_not_ray_flags(capsys):
     assert main(["serve", "--ray", "--header-timeout", "5"]) == 2
     assert "not with --ray: --header-timeout" in capsys.readouterr().err
+    assert main(["serve", "--ray", "--access-log"]) == 2
+    assert "not with --ray: --access-log" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "access_log"), [([], False), (["--access-log"], True)])
+def test_the_access_log_is_opt_in(models_root, monkeypatch, flags, access_log):
+    """A line per request in the terminal only with --access-log: by default a client's output in the same
+    terminal (the docs' snippets) is not cut by them."""
+    import gpt_serve.api_limits
+
+    seen = {}
+    monkeypatch.setattr(gpt_serve.api_limits, "run_server", lambda *args: seen.update(access_log=args[-1]))
+    assert main(["serve", "--models-root", str(models_root), "--no-preload", "--port", str(free_port()), *flags]) == 0
+    assert seen == {"access_log": access_log}
 
 
 @pytest.mark.parametrize(

@@ -139,10 +139,15 @@ def test_loading_prints_no_progress_bar(tmp_path):
     import subprocess
     import sys
 
+    from gpt_serve.corpus import read_corpus_record
+    from gpt_serve.models import model_path
+
     cmd = [sys.executable, "-m", "gpt_serve", "generate", "ladder-a", "--max-new-tokens", "3", "--threads", "1"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "Loading weights" not in result.stderr and len(result.stdout) == 3 + 1
+    prompt = read_corpus_record(model_path("ladder-a")).default_prompt  # generate's default: the model's own prompt
+    assert "Loading weights" not in result.stderr and result.stdout.startswith(prompt)
+    assert len(result.stdout) == len(prompt) + 3 + 1
 
 
 # A fresh interpreter where the named top-level packages are not installed (importing one fails as it would there)

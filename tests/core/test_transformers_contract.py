@@ -280,3 +280,11 @@ def test_output_attentions_set_in_the_config_gives_the_weights(model):
         model.config.output_attentions = False
         model.set_attn_implementation("sdpa")
     assert len(attentions) == model.config.n_layer and all(a.shape == (1, 4, 6, 6) for a in attentions)
+
+
+def test_the_copys_use_snippet_starts_from_the_models_own_prompt():
+    from gpt_serve.publishing import with_remote_code_use
+
+    card = with_remote_code_use("# mine\n\n## Use\n\nOLD-USE\n\n## Sample\n", 'def f(x):\n    return "y"')
+    assert 'ids = tokenizer("def f(x):\\n    return \\"y\\"", return_tensors="pt")' in card
+    assert "OLD-USE" not in card and card.endswith("## Sample\n")

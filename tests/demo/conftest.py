@@ -147,12 +147,14 @@ def form_value(name: str, text: str):
 
 def python_reads_form(fields: dict[str, str], vocab):
     """(request, prompt ids) of the page's form texts `fields` (by specification name) as the Python surfaces read
-    them: `parse_request`, then `encode_prompt`; their RequestError otherwise."""
+    them: `parse_request`, then `encode_prompt` with the page's words for unknown characters; their RequestError
+    otherwise."""
+    from demo.form import FORM
     from gpt_serve.generation.spec import parse_request
     from gpt_serve.generation.text import encode_prompt
 
     request = parse_request({name: form_value(name, text) for name, text in fields.items()})
-    return request, encode_prompt(vocab, request.prompt, request.unk_policy)
+    return request, encode_prompt(vocab, request.prompt, request.unk_policy, FORM["unk_policy"]["hint"])
 
 
 @pytest.fixture(scope="module")

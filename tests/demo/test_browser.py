@@ -38,6 +38,13 @@ def output_length(page) -> int:
     return len(page.locator("#output textarea").input_value())
 
 
+def output_scroll(page) -> dict:
+    """The output box's scrollTop, clientHeight and scrollHeight."""
+    return page.locator("#output textarea").evaluate(
+        "t => ({scrollTop: t.scrollTop, clientHeight: t.clientHeight, scrollHeight: t.scrollHeight})"
+    )
+
+
 def start_generation(page, prompt: str, max_new_tokens: int) -> None:
     page.locator("#max-new-tokens input[type=number]").fill(str(max_new_tokens))
     page.locator("#max-new-tokens input[type=number]").press("Enter")
@@ -87,6 +94,7 @@ def test_generate_stream_stop_and_attention(chromium, server, tmp_path):
     assert "tokens/s" in page.locator("#stats").inner_text()
     # past block_size in the default window mode (refill): no slow-down to explain
     assert "tokens/s" in page.locator("#stats").inner_text() and "exact mode" not in page.locator("#stats").inner_text()
+    assert wait_until(lambda: output_scroll(page)["scrollHeight"] > 2 * output_scroll(page)["clientHeight"], 15)
 
     stop.click()
     assert wait_until(lambda: server.activity.snapshot()["active"] == 0, timeout=1.0), "the server kept generating"
@@ -95,6 +103,8 @@ def test_generate_stream_stop_and_attention(chromium, server, tmp_path):
     shown = output_length(page)  # the page may show the last updates in flight a moment after the click
     time.sleep(1.0)
     assert output_length(page) == shown, "the output kept growing after Stop"
+    box = output_scroll(page)  # the box shows its latest text, not its top
+    assert box["scrollTop"] + box["clientHeight"] >= box["scrollHeight"] - 2, box
     assert server.activity.snapshot()["tokens"] == tokens, "tokens were generated after Stop"
     assert len("ROMEO:") < shown < len("ROMEO:") + 20_000
     assert page.locator(".error").count() == 0, "an output shows an error state"
@@ -198,13 +208,14 @@ def start_generation_folded(page, prompt: str) -> None:
 
 
 def test_the_ladder_comparison(chromium, server):
-    """Aligned columns, its own Stop, the prompt in its status, and the main output and attention view not left
-    showing the run before."""
+    """Aligned columns, its own Stop, the prompt in its status, the attention view not left showing the run before,
+    and Generate's output kept (a comparison is not Generate's run)."""
     wait_idle(server.activity)
     page = open_demo(chromium, server.url, width=1440)
     start_generation(page, "ROMEO:", 30)
     assert wait_until(lambda: page.locator("#status").inner_text() == "Done.", timeout=15)
     page.locator("#attention .attn-view").wait_for()
+    generated = page.locator("#output textarea").input_value()
     page.get_by_text("Compare the ladder: what each lesson component buys").click()
     boxes = page.locator(".ladder textarea")
     boxes.first.wait_for()
@@ -220,7 +231,8 @@ def test_the_ladder_comparison(chromium, server):
     page.locator("#compare-btn").click()
     status = page.locator("#compare-status")
     assert wait_until(lambda: status.inner_text().startswith("Running the prompt JULIET: (seed "), timeout=15)
-    assert output_length(page) == 0 and page.locator("#attention .attn-view").count() == 0  # the previous run's: gone
+    assert page.locator("#attention .attn-view").count() == 0  # the previous run's view: gone
+    assert page.locator("#output textarea").input_value() == generated != "" and generated.startswith("ROMEO:")  # kept
     assert compare_stop.is_enabled() and page.locator("#stop-btn").is_disabled()
     compare_stop.click()
     assert wait_until(lambda: status.inner_text().startswith("Stopped: the prompt JULIET: (seed "), timeout=10)

@@ -164,6 +164,15 @@ def test_replacement_of_unknown_characters_is_opt_in(client):
     assert len(text) == 10
 
 
+def answers(url: str) -> bool:
+    """Whether `url` answers 200 (False for a refused connection or any other status)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def test_cli_starts_quickly_and_serves(models_root, tmp_path):
     """`python -m demo` with a models folder: preloads, binds 127.0.0.1 by default, answers the API; closes a
     connection whose headers do not come within --header-timeout; on SIGTERM, the OpenAI API's open stream ends
@@ -174,10 +183,13 @@ def test_cli_starts_quickly_and_serves(models_root, tmp_path):
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "demo.log"
     cmd = [sys.executable, "-m", "demo", "--models-root", str(models_root), "--model", "tiny", "--port", str(port)]
-    cmd += ["--header-timeout", "1", "--shutdown-timeout", "1"]
+    cmd += ["--header-timeout", "1", "--shutdown-timeout", "1", "--max-new-tokens-limit", "100000"]  # a long stream
     with open(log, "w") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
+        assert wait_until(lambda: answers(f"http://127.0.0.1:{port}/") or process.poll() is not None, 60, 0.02)
+        # as soon as the page answers, so do the API and the in-browser page (mounted before the server listens)
+        assert answers(f"http://127.0.0.1:{port}/v1/models") and answers(f"http://127.0.0.1:{port}/browser/")
         assert wait_until(lambda: "demo: ready" in log.read_text() or process.poll() is not None, 60, 0.1)
         text = log.read_text()
         assert "demo: ready" in text, text
@@ -213,7 +225,7 @@ def test_a_second_ctrl_c_cuts_the_apis_streams_and_the_demo_still_drains(models_
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
     log = tmp_path / "demo.log"
     cmd = [sys.executable, "-m", "demo", "--models-root", str(models_root), "--model", "tiny", "--port", str(port)]
-    cmd += ["--shutdown-timeout", "60", "--no-preload"]
+    cmd += ["--shutdown-timeout", "60", "--no-preload", "--max-new-tokens-limit", "100000"]  # a long stream
     with open(log, "w") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:

@@ -29,6 +29,7 @@ from gpt_serve import onnx_contract
 from gpt_serve.generation import generate_tokens
 from gpt_serve.generation.onnx_backend import OnnxBackend
 from gpt_serve.generation.spec import FIELDS_BY_NAME, RANDOM_SEEDS, RequestError
+from gpt_serve.generation.text import UNK_HINT
 from gpt_serve.models import model_path
 from gpt_serve.vocab import UNK_POLICIES, CharVocab
 from gpt_serve.window import WINDOW_MODES
@@ -208,6 +209,7 @@ def test_the_constants_the_javascript_keeps_are_the_librarys(node):
     js = node["constants"]
     assert js["WINDOW_MODES"] == list(WINDOW_MODES) == list(FIELDS_BY_NAME["window_mode"].choices)
     assert js["UNK_POLICIES"] == list(UNK_POLICIES) == list(FIELDS_BY_NAME["unk_policy"].choices)
+    assert js["UNK_HINT"] == UNK_HINT  # the API's words; the page's form passes its own (form.json)
     assert js["ONNX_SUBDIR"] == f"{onnx_contract.ONNX_SUBDIR}/"
     assert js["ONNX_FILES"] == [onnx_contract.INT8_FILE_NAME, onnx_contract.FP32_FILE_NAME]
     assert js["INPUT_NAMES"] == list(onnx_contract.INPUT_NAMES) and js["LOGITS_NAME"] == onnx_contract.LOGITS_NAME

@@ -39,8 +39,8 @@ NEW_TOKENS = 300  # 6 + 300 > block_size 128: both window modes slide past it
 GRAPHS = ("int8", "fp32")  # the page's default, onnx/model_quantized.onnx, and ?onnx=model.onnx
 UNKNOWN_MESSAGE = (
     "the prompt has 2 characters outside this model's vocabulary: '¿' (position 7), 'é' (position 10). Remove them, "
-    "or set unk_policy to 'replace' (each becomes a space) or 'drop'"
-)
+    'or choose "replace each with a space" or "drop them" under "Characters outside the vocabulary" (in Sampling)'
+)  # the page's control, as the demo names it (demo.form), not the API's unk_policy
 VOCAB = CharVocab.from_file(model_path("shakespeare") / "vocab.json")
 
 

@@ -14,13 +14,14 @@ import { readFileSync } from "node:fs";
 const WEB = new URL("../../demo/web/", import.meta.url);
 const ORT_MODULE = new URL("node_modules/onnxruntime-web/dist/ort.wasm.min.mjs", WEB); // the page's ort/ folder
 
-const { generateTokens, WINDOW_MODES } = await import(new URL("engine.js", WEB));
+const { generateTokens, UNK_HINT, WINDOW_MODES } = await import(new URL("engine.js", WEB));
 const { FieldError, readForm } = await import(new URL("form.js", WEB));
 const model = await import(new URL("model.js", WEB));
 const { CharVocab, UNK_POLICIES } = await import(new URL("vocab.js", WEB));
 
 const input = JSON.parse(readFileSync(process.argv[2], "utf-8"));
 const spec = JSON.parse(readFileSync(new URL("limits.json", WEB), "utf-8"));
+const unkHint = JSON.parse(readFileSync(new URL("form.json", WEB), "utf-8")).unk_policy.hint; // as app.js reads it
 const folder = `${input.model_dir}/`;
 const readJSON = (name) => JSON.parse(readFileSync(folder + name, "utf-8"));
 const vocab = CharVocab.fromJSON(readJSON("vocab.json"));
@@ -28,7 +29,7 @@ const vocab = CharVocab.fromJSON(readJSON("vocab.json"));
 /** What the form makes of `fields`: the request, or the FieldError's input and message. */
 function read(fields) {
   try {
-    return { request: readForm(fields, spec, vocab) };
+    return { request: readForm(fields, spec, vocab, unkHint) };
   } catch (e) {
     if (!(e instanceof FieldError)) throw e;
     return { field: e.field, message: e.message };
@@ -60,7 +61,7 @@ if (input.runs.length) {
   }
 }
 const constants = {
-  WINDOW_MODES, UNK_POLICIES, ONNX_SUBDIR: model.ONNX_SUBDIR, ONNX_FILES: model.ONNX_FILES,
+  WINDOW_MODES, UNK_POLICIES, UNK_HINT, ONNX_SUBDIR: model.ONNX_SUBDIR, ONNX_FILES: model.ONNX_FILES,
   INPUT_NAMES: model.INPUT_NAMES, LOGITS_NAME: model.LOGITS_NAME, ONNX_FORMAT: model.ONNX_FORMAT,
   ONNX_FORMAT_VERSION: model.ONNX_FORMAT_VERSION, REQUIRED_METADATA: model.REQUIRED_METADATA,
   pastNames: model.pastNames(2), presentNames: model.presentNames(2),

@@ -145,3 +145,10 @@ def test_presets_are_named_for_size_and_device_and_the_former_name_still_works()
     assert [get_preset(f"ladder-{s}").name for s in "abcdef"] == [f"ladder-{s}" for s in "abcdef"]  # the lesson's
     with pytest.raises(ValueError, match="unknown preset 'big'.*'small-cpu'"):
         get_preset("big")
+
+
+def test_no_progress_prints_no_bar_at_all(tmp_path, make_args, capfd):
+    """`--no-progress`: the training's own bar off, and transformers' "Writing model shards" bar too."""
+    assert main([*make_args(tmp_path / "out"), "--max-iters", "2", "--eval-interval", "2", "--no-progress"]) == 0
+    out, err = capfd.readouterr()
+    assert '"final_step": 2' in out and "Writing model shards" not in out + err and "it/s" not in out + err

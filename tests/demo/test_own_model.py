@@ -1,0 +1,110 @@
+"""Your own model, end to end (issue 33's check): a tiny model trained for a few steps on a text that is not Tiny
+Shakespeare (a few KB of this package's Python source), exported without `--data` (the export finds the text its
+folder recorded), then served: the demo page, the in-browser page's `model/corpus.json`, the model card and
+`gpt-serve generate` present that text, its name and its prompts, and none of them says Shakespeare. The browser
+test opens both pages of the demo in Chromium."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpt_serve.corpus import read_corpus_record
+
+SHAKESPEARE = ("Shakespeare", "ROMEO", "JULIET")
+SOURCES = ("window.py", "vocab.py", "corpus.py")  # gpt_serve's own modules: a text with its own characters
+
+
+def says_shakespeare(text: str) -> list[str]:
+    return [word for word in SHAKESPEARE if word.lower() in text.lower()]
+
+
+@pytest.fixture(scope="module")
+def own_model(tmp_path_factory) -> Path:
+    """The model folder: trained (10 steps of the tiny preset) on 6,000 characters of Python, then exported."""
+    from export.cli import main as export
+    from training.cli import main as train
+
+    root = tmp_path_factory.mktemp("own")
+    package = Path(__file__).resolve().parents[2] / "gpt_serve"
+    text = "".join((package / name).read_text(encoding="utf-8") for name in SOURCES)[:6000]
+    (root / "code.py").write_text(text, encoding="utf-8")
+    folder = root / "model"
+    argv = ["--preset", "tiny", "--data", str(root / "code.py"), "--out", str(folder), "--max-iters", "10"]
+    assert train([*argv, "--eval-interval", "5", "--threads", "1", "--no-progress"]) == 0
+    assert export([str(folder), "--threads", "1"]) == 0  # no --data: the recorded text, found by its hash
+    return folder
+
+
+@pytest.fixture(scope="module")
+def own_registry(own_model):
+    """The shipped models and this one, as `gpt-serve demo --model-dir mine=PATH --model mine` serves them."""
+    from gpt_serve.generation.registry import ModelRegistry
+
+    registry = ModelRegistry.discover([f"mine={own_model}"])
+    yield registry
+    registry.close()
+
+
+def test_the_folder_the_card_and_generate_present_the_models_own_text(own_model, capsys):
+    from gpt_serve.cli import main
+
+    record = read_corpus_record(own_model)
+    text = Path(record.source).read_text(encoding="utf-8")
+    assert record.name == "code.py" and len(record.prompts) >= 3 and all(p in text for p in record.prompts)
+    card = (own_model / "README.md").read_text(encoding="utf-8")
+    assert json.dumps(record.default_prompt) in card and "code.py (validation split)" in card  # the export's figures
+    assert not says_shakespeare(card) and (own_model / "onnx" / "model_quantized.onnx").is_file()
+    assert main(["generate", str(own_model), "--max-new-tokens", "5", "--seed", "0"]) == 0
+    assert capsys.readouterr().out.startswith(record.default_prompt)  # its own prompt, not "ROMEO:"
+
+
+def test_the_demo_presents_it_and_offers_no_ladder_comparison(own_model, own_registry):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from demo.app import build_demo
+    from demo.browser import mount_browser
+
+    record = read_corpus_record(own_model)
+    blocks = build_demo(own_registry, default_model="mine")
+    config = blocks.get_config_file()
+    props = {c["props"].get("elem_id"): c["props"] for c in config["components"] if c["props"].get("elem_id")}
+    assert "trained on **code.py**" in props["intro"]["value"] and config["title"].endswith("on code.py")
+    assert props["prompt"]["value"] == record.default_prompt
+    examples = [sample[0] for sample in props["examples"]["samples"]]
+    assert examples == list(record.prompts)
+    assert "compare-btn" not in props  # the ladder reads Shakespeare's characters: nothing to compare with
+    shown = [props["intro"]["value"], config["title"], props["prompt"]["value"], *examples]
+    assert not says_shakespeare("\n".join(shown))
+    app = FastAPI()
+    mount_browser(app, own_model)
+    answer = TestClient(app).get("/browser/model/corpus.json")
+    assert answer.status_code == 200 and answer.json() == json.loads(record.to_json())
+
+
+@pytest.mark.browser
+def test_both_pages_present_it_in_a_browser(chromium, own_model, own_registry):
+    from demo.app import build_demo
+    from tests.demo.conftest import serve
+
+    record = read_corpus_record(own_model)
+    with serve(build_demo(own_registry, default_model="mine"), own_registry, browser_model="mine") as url:
+        page = chromium.new_page(viewport={"width": 1440, "height": 1000})
+        page.set_default_timeout(30_000)
+        page.goto(url)
+        page.locator("#prompt textarea").wait_for(state="visible")
+        intro, prompt = page.inner_text("#intro"), page.locator("#prompt textarea").input_value()
+        examples = page.inner_text("#examples")
+        page.goto(f"{url.rstrip('/')}/browser/")
+        page.locator("#model-status.done").wait_for()
+        corpus, browser_prompt = page.inner_text("#corpus"), page.input_value("#prompt")
+        buttons, body = page.locator("#examples .example").count(), page.inner_text("body")
+        page.close()
+    assert "trained on code.py" in intro and prompt == record.default_prompt
+    assert record.prompts[1].split("\n")[0] in examples
+    assert corpus.startswith("This one was trained on code.py") and browser_prompt == record.default_prompt
+    assert buttons == len(record.prompts)
+    assert not says_shakespeare(intro + examples + body)
