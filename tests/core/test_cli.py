@@ -142,7 +142,9 @@ def test_loading_prints_no_progress_bar(tmp_path):
     cmd = [sys.executable, "-m", "gpt_serve", "generate", "ladder-a", "--max-new-tokens", "3", "--threads", "1"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "Loading weights" not in result.stderr and len(result.stdout) == 3 + 1
+    # the prompt: ladder-a's first sample prompt (its corpus.json), echoed before the 3 new characters and a newline
+    assert "Loading weights" not in result.stderr and result.stdout.startswith("ROMEO:")
+    assert len(result.stdout) == len("ROMEO:") + 3 + 1
 
 
 # A fresh interpreter where the named top-level packages are not installed (importing one fails as it would there)
@@ -222,3 +224,14 @@ def test_generate_starts_from_the_models_own_prompt_and_names_its_flag_for_unkno
     assert capsys.readouterr().out.startswith("KING:\nHark")  # the default prompt: the model's first sample
     assert main(["generate", str(folder), "--prompt", "é", "--max-new-tokens", "3"]) == 2
     assert "pass --unk-policy replace (each becomes a space) or --unk-policy drop" in capsys.readouterr().err
+
+
+def test_generate_with_a_broken_corpus_json_warns_and_generates_as_the_demo_serves(tiny_model_dir, tmp_path, caplog):
+    import logging
+    import shutil
+
+    folder = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    (folder / "corpus.json").write_text("[" * 5000, encoding="utf-8")  # json's RecursionError, once a traceback
+    with caplog.at_level(logging.WARNING, logger="gpt_serve.corpus"):
+        assert main(["generate", str(folder), "--max-new-tokens", "3", "--seed", "0"]) == 0  # from a newline
+    assert "corpus.json: its JSON is nested too deep" in caplog.text and "is ignored" in caplog.text
