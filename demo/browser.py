@@ -5,9 +5,10 @@ What is served is a fixed table of files, nothing else (no directory is exposed,
 the page's own files (among them its request limits `limits.json`, generated from `gpt_serve.generation.spec`, and
 the demo's form `form.json`, generated from `demo.form`),
 onnxruntime-web's WASM build from `demo/web/node_modules` (installed by `npm ci`, see the Makefile) under `ort/`, and
-three files of one model folder under `model/`, the page's default model URL (and its `corpus.json` when it has one:
-the page presents the model by it). Without `node_modules` the page's URL
-answers 503 with how to install it.
+three files of one model folder under `model/`, the page's default model URL. Its `model/corpus.json` is not the
+folder's file but what the page may show of it (name, description, sample prompts: `CorpusRecord.public`, built from
+the checked record; 404 when the folder records none or its record is broken). Without `node_modules` the page's
+URL answers 503 with how to install it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from gpt_serve.corpus import CORPUS_FILE_NAME
+from gpt_serve.corpus import CORPUS_FILE_NAME, corpus_record_or_none
 from gpt_serve.onnx_contract import INT8_FILE_NAME, ONNX_SUBDIR
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
@@ -26,9 +27,9 @@ ORT_DIST = Path("node_modules") / "onnxruntime-web" / "dist"  # relative to WEB_
 ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 PAGE_ONNX_FILE = f"{ONNX_SUBDIR}/{INT8_FILE_NAME}"  # the int8 graph, the page's default (`?onnx=` picks another)
 MODEL_FILES = ("config.json", "vocab.json", PAGE_ONNX_FILE)
-# What the page shows of the model when the folder records it (its training text: `gpt_serve.corpus`); a folder
-# without it is served all the same, and the page then says so.
-OPTIONAL_MODEL_FILES = (CORPUS_FILE_NAME,)
+# What the page shows of the model when the folder records it (its training text: `gpt_serve.corpus`), built from
+# the checked record, never the file itself; a folder without it is served all the same, and the page then says so.
+CORPUS_URL = f"model/{CORPUS_FILE_NAME}"
 MEDIA_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -59,11 +60,6 @@ def browser_files(model_dir: str | Path, web_dir: str | Path = WEB_DIR) -> dict[
     return files
 
 
-def optional_files(model_dir: str | Path) -> dict[str, Path]:
-    """URL path -> file of what the page shows when the model folder has it (`OPTIONAL_MODEL_FILES`)."""
-    return {f"model/{name}": Path(model_dir) / name for name in OPTIONAL_MODEL_FILES}
-
-
 def missing_files(files: dict[str, Path]) -> list[str]:
     return [path for path, file in files.items() if not file.is_file()]
 
@@ -92,7 +88,7 @@ def problem(missing: list[str], web_dir: Path, model_dir: Path) -> str | None:
 def mount_browser(app, model_dir: str | Path, prefix: str = "/browser", web_dir: str | Path = WEB_DIR) -> str | None:
     """Adds the page to the demo's FastAPI `app` at `prefix/`, running the model folder `model_dir`. Returns None
     when every file is there, else what is missing and how to fix it (what `prefix/` then answers, with a 503)."""
-    from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, RedirectResponse
+    from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 
     web_dir, model_dir = Path(web_dir), Path(model_dir)
     files = browser_files(model_dir, web_dir)
@@ -103,13 +99,12 @@ def mount_browser(app, model_dir: str | Path, prefix: str = "/browser", web_dir:
             return HTMLResponse(NOT_AVAILABLE.format(problem=html.escape(wrong)), status_code=503)
         return FileResponse(files["index.html"], media_type=MEDIA_TYPES[".html"])
 
-    optional = optional_files(model_dir)
-
     def serve(path: str):
-        if path in optional:  # absent: not an error, the page presents the model without it
-            if optional[path].is_file():
-                return FileResponse(optional[path], media_type=MEDIA_TYPES[".json"])
-            return PlainTextResponse(f"{prefix}/{path}: the model folder records none", status_code=404)
+        if path == CORPUS_URL:  # absent or broken (logged): not an error, the page presents the model without it
+            record = corpus_record_or_none(model_dir)  # read per request: the folder may be trained again
+            if record is None:
+                return PlainTextResponse(f"{prefix}/{path}: the model folder records no readable one", 404)
+            return JSONResponse(record.public())
         file = files.get(path)  # only the table's entries: "../x", "model/model.safetensors", ... are not in it
         if file is None:
             return PlainTextResponse(f"not found: {prefix}/{path}", status_code=404)

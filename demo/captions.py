@@ -13,6 +13,7 @@ import re
 from gpt_serve.corpus import CorpusRecord
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.registry import ModelRegistry, RequestError
+from gpt_serve.markdown import escape
 from gpt_serve.models import LADDER
 
 from .attention import EARLIER, VIEW_POSITIONS, VISIBLE, axis_text
@@ -81,7 +82,7 @@ def model_line(registry: ModelRegistry, model: str, backend: str) -> str:
     ready = f"{FAILED} {reason}" if reason else f"{BACKENDS[backend]} ✓"
     loss = "" if info["val_loss"] is None else f", validation loss {info['val_loss']:.3f}"
     record = registry.corpus(model)
-    text = f" on {record.name}" if record is not None else ""
+    text = f" on {escape(record.name)}" if record is not None else ""
     return (
         f"`{model}`{text}: {plural(info['n_layer'], 'layer')} × {plural(info['n_head'], 'head')}, "
         f"n_embd {info['n_embd']}, block_size {info['block_size']}{loss} · {ready}"
@@ -89,10 +90,11 @@ def model_line(registry: ModelRegistry, model: str, backend: str) -> str:
 
 
 def trained_on(record: CorpusRecord | None) -> str:
-    """'trained on **Tiny Shakespeare** (about 40,000 lines ...)', or that the folder records no training text."""
+    """'trained on **Tiny Shakespeare** (about 40,000 lines ...)', or that the folder records no training text; the
+    record's words escaped (`gpt_serve.markdown.escape`): a name is shown, never read as Markdown."""
     if record is None:
-        return "whose folder records no training text (no corpus.json)"
-    return f"trained on **{record.name}** ({record.description})"
+        return "whose folder records no training text (no readable corpus.json)"
+    return f"trained on **{escape(record.name)}** ({escape(record.description)})"
 
 
 def intro(record: CorpusRecord | None) -> str:

@@ -83,10 +83,22 @@ def validation_text(folder: Path, data: Path | None) -> tuple[str, str]:
     record = read_corpus_record(folder)
     if record is None:
         return load_text(None), f"{TINY_SHAKESPEARE_NAME} (validation split; {folder} records no corpus.json)"
-    path = record.find_text()
-    if path is None:
+    text = record.find_text()  # the text whose sha256 was checked, not read again
+    if text is None:
         raise ValueError(f"{record.missing_text_message()}. Pass --data PATH to that text")
-    return load_text(path), f"{record.name} (validation split)"
+    return text, f"{record.name} (validation split)"
+
+
+def training_text_hint(folder: Path) -> str:
+    """How to pass the right text when the validation text is not the model's: by the name its corpus.json records
+    (a broken record is logged and left out), else without a name."""
+    from gpt_serve.corpus import corpus_record_or_none
+
+    record = corpus_record_or_none(folder)
+    if record is None:
+        return "Pass --data PATH to the text this model was trained on, or --no-quantize"
+    named = f"{record.name}, the text this model was trained on (its corpus.json names it)"
+    return f"Pass --data PATH to {named}, or --no-quantize"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from gpt_serve.models import model_path
 
-    from .exporter import export_model
+    from .exporter import NotTheTrainingText, export_model
     from .report import card_section, format_report, update_model_card
 
     try:
@@ -137,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             val_tokens=args.val_tokens,
             threads=args.threads,
         )
+    except NotTheTrainingText as e:
+        print(f"error: {e}. {training_text_hint(folder)}", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

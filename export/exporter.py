@@ -110,16 +110,21 @@ def validation_ids(text: str, vocab: CharVocab) -> np.ndarray:
     return np.asarray(vocab.encode(train_val_split(text)[1]), dtype=np.int64)
 
 
+class NotTheTrainingText(ValueError):
+    """The validation text has characters outside the model's vocabulary (`check_text_fits`); an application adds
+    how its user passes the right text."""
+
+
 def check_text_fits(text: str, text_source: str, vocab: CharVocab) -> None:
-    """A ValueError when `text` has characters outside the model's vocabulary: it is not the text the model was
-    trained on (the vocabulary is every character of that text), so its loss would say nothing."""
+    """A `NotTheTrainingText` (a ValueError) when `text` has characters outside the model's vocabulary: it is not the
+    text the model was trained on (the vocabulary is every character of that text), so its loss would say nothing."""
     count, first = vocab.unknown(text, shown=5)
     if count:
         shown = ", ".join(f"{c!r} at {i}" for i, c in first)
-        raise ValueError(
+        raise NotTheTrainingText(
             f"the validation text {text_source} has {count:,} characters outside this model's vocabulary of "
             f"{len(vocab)} ({shown}{', ...' if count > len(first) else ''}): it is not the text this model was trained "
-            f"on. Pass --data PATH to that text (the model folder's corpus.json names it), or --no-quantize"
+            f"on, so its loss would say nothing of the int8 graph"
         )
 
 

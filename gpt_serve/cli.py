@@ -250,11 +250,12 @@ CLI_UNK_HINT = "pass --unk-policy replace (each becomes a space) or --unk-policy
 
 def default_prompt(model) -> str:
     """`gpt-serve generate`'s prompt when none is given: the model's first sample prompt (its folder's
-    corpus.json), else the empty prompt (the text after a newline)."""
-    from .corpus import read_corpus_record
+    corpus.json), else the empty prompt (the text after a newline; also when that record is broken, a warning says
+    so: the model generates all the same, as the demo serves it)."""
+    from .corpus import corpus_record_or_none
     from .models import model_path
 
-    record = read_corpus_record(model_path(model))
+    record = corpus_record_or_none(model_path(model))
     return record.default_prompt if record is not None else ""
 
 

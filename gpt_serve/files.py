@@ -9,6 +9,8 @@
   it refuses with one line naming the path (`refuse_link`) and writes nothing: the link's target, outside the
   folder, is never changed, and the link is not silently replaced either. Files are written under a fresh name
   beside their destination and renamed over it (`write_file`), so no temporary name can be a link either.
+- **Small files are read with a size cap.** A file that should be a few kilobytes (a JSON record) is read by
+  `read_small`, which refuses anything larger before reading it.
 
 Torch-free and pure Python: the ONNX Runtime path, the vocabulary and the loaders use it.
 """
@@ -46,6 +48,26 @@ def check_regular(path: str | os.PathLike) -> Path:
         via = f" (a link to {os.readlink(path)})" if path.is_symlink() else ""
         raise ValueError(f"{path} is not a regular file: it is {kind(mode)}{via}; gpt-serve reads only regular files")
     return path
+
+
+def read_small(path: str | os.PathLike, max_bytes: int) -> bytes:
+    """The bytes of the regular file `path` (a link to one is followed), after a ValueError if it is something else
+    or holds more than `max_bytes`: the size is checked on the open file before a byte is read, so a FIFO never
+    blocks and a huge file is never loaded. A missing file is a FileNotFoundError."""
+    path = check_regular(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # O_NONBLOCK: a FIFO swapped in does not block
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(
+                f"{path} is not a regular file: it is {kind(info.st_mode)}; gpt-serve reads only regular files"
+            )
+        if info.st_size > max_bytes:
+            raise ValueError(f"{path} has {info.st_size:,} bytes; such a file holds at most {max_bytes:,}")
+        data = f.read(max_bytes + 1)  # a file growing while read is cut here, not read on
+    if len(data) > max_bytes:
+        raise ValueError(f"{path} has more than {max_bytes:,} bytes; such a file holds at most {max_bytes:,}")
+    return data
 
 
 def refuse_link(path: str | os.PathLike) -> Path:
@@ -91,4 +113,4 @@ def folder_to_write(path: str | os.PathLike) -> Path:
     return path
 
 
-__all__ = ["check_regular", "folder_to_write", "kind", "refuse_link", "write_file"]
+__all__ = ["check_regular", "folder_to_write", "kind", "read_small", "refuse_link", "write_file"]

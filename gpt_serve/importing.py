@@ -38,8 +38,16 @@ import torch
 
 from .checkpoints import LESSON, NANOGPT, describe, find_meta, read_meta, read_source, strip_compile_prefix
 from .configuration_chargpt import ATTN_SCALES, CharGPTConfig
-from .corpus import TINY_SHAKESPEARE_CHARS, CorpusRecord, load_text, sample_prompts, write_corpus_record
+from .corpus import (
+    TINY_SHAKESPEARE_CHARS,
+    CorpusRecord,
+    load_text,
+    record_text,
+    sample_prompts,
+    write_corpus_record,
+)
 from .files import refuse_link
+from .markdown import escape
 from .modeling_chargpt import CharGPTForCausalLM, upgrade_state_dict
 from .tokenization_chargpt import CharTokenizer
 from .vocab import CharVocab
@@ -307,17 +315,20 @@ def corpus_record(
 ) -> CorpusRecord | None:
     """What the imported folder records of its training text (`corpus.json`): the text it was given (`--corpus`,
     or nanoGPT's `input.txt`); else Tiny Shakespeare when the vocabulary is its 65 characters; else, for nanoGPT,
-    the dataset named by its name with prompts from the `val.bin` beside `meta.pkl` (no text to validate on: the
-    export then asks for it); else None."""
+    the dataset named by its name with prompts from the `train.bin` beside `meta.pkl` (`val.bin` when there is no
+    `train.bin`; no text to validate on: the export then asks for it); else None. The checkpoint's dataset name is
+    made fit for a record (`record_text`): whatever the checkpoint holds, the folder gets a record its reader
+    takes."""
     if corpus is not None:
         return CorpusRecord.of(load_text(corpus), corpus)
     if "".join(vocab.chars) == TINY_SHAKESPEARE_CHARS:
         return CorpusRecord.tiny_shakespeare()
     if meta_path is None:
         return None
-    name = dataset or meta_path.parent.name
-    val_bin = meta_path.parent / "val.bin"
-    prompts = sample_prompts(_decode_bin(val_bin, vocab)) if val_bin.is_file() else ()
+    name = record_text(dataset or "", 100) or record_text(meta_path.parent.name, 100) or "nanoGPT dataset"
+    bins = [meta_path.parent / f"{split}.bin" for split in ("train", "val")]  # prompts the validation never measures
+    found = next((path for path in bins if path.is_file()), None)
+    prompts = sample_prompts(_decode_bin(found, vocab)) if found is not None else ()
     return CorpusRecord(name, f"the nanoGPT dataset {name!r} (its text was not given to the import)", prompts)
 
 
@@ -334,8 +345,8 @@ def _nanogpt_corpus(corpus, meta_path: Path, vocab: CharVocab) -> Path | None:
 
 
 def _decode_bin(path: Path, vocab: CharVocab, limit: int = 1_000_000) -> str:
-    """The text of nanoGPT's `val.bin` (uint16 ids), at most its first `limit` ids; ids outside the vocabulary
-    are skipped."""
+    """The text of nanoGPT's `train.bin` or `val.bin` (uint16 ids), at most its first `limit` ids; ids outside the
+    vocabulary are skipped."""
     import numpy as np
 
     ids = np.fromfile(path, dtype=np.uint16, count=limit)
@@ -412,8 +423,9 @@ def model_card(imported: Imported, name: str, command: str | None) -> str:
     trained = ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in imported.training.items())
     sample = generate_text(TorchBackend(model), imported.vocab, "", SAMPLE_TOKENS, seed=0)  # temperature 1
     record = imported.corpus_record
-    prompt = record.default_prompt if record is not None and record.default_prompt else imported.vocab.chars[0]
-    trained_on = f"{record.name} ({record.description})" if record is not None else "not recorded"
+    # the first sample prompt, shown; without one, no --prompt (generate then starts from a newline)
+    prompt = f" --prompt {shlex.quote(record.default_prompt)}" if record is not None and record.default_prompt else ""
+    trained_on = f"{escape(record.name)} ({escape(record.description)})" if record is not None else "not recorded"
     return f"""---
 {data.to_yaml()}
 ---
@@ -443,7 +455,7 @@ Architecture: `{arch}`
 ## Use
 
 ```bash
-gpt-serve generate PATH --prompt {shlex.quote(prompt)} --max-new-tokens 200
+gpt-serve generate PATH{prompt} --max-new-tokens 200
 gpt-serve serve --model-dir PATH
 ```
 

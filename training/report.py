@@ -12,6 +12,7 @@ import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from gpt_serve.corpus import CorpusRecord
+from gpt_serve.markdown import escape
 
 from .config import ARCH_KEYS, OPTIMIZATION_KEYS
 from .outputs import explain_write_error, temp_path
@@ -247,8 +248,8 @@ def write_model_card(trainer, result: dict, folder: str | os.PathLike | None = N
     body = f"""
 # {name}
 
-A character-level GPT from the "Let's build GPT" lesson, trained with gpt-serve on {card_name(trainer.corpus)}:
-{trainer.corpus.description} ({result["parameters"]:,} parameters).
+A character-level GPT from the "Let's build GPT" lesson, trained with gpt-serve on {escape(card_name(trainer.corpus))}:
+{escape(trainer.corpus.description)} ({result["parameters"]:,} parameters).
 
 | | |
 |---|---|

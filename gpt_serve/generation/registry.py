@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..corpus import CorpusRecord, read_corpus_record
+from ..corpus import CorpusRecord, corpus_record_or_none
 from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
 from .loading import BACKENDS, LoadedModel, load_backend
 from .scheduler import Request, Scheduler, torch_runner
@@ -204,12 +204,10 @@ class ModelRegistry:
         """What the model folder records of its training text (`corpus.json`), for the surfaces that present it;
         None when it records none, or when its record cannot be read (logged: the model is still served)."""
         try:
-            return read_corpus_record(self.folder(name))
+            folder = self.folder(name)
         except RequestError:
             return None
-        except (OSError, ValueError) as e:
-            logger.warning("model %r: its corpus record is ignored: %s", name, e)
-            return None
+        return corpus_record_or_none(folder)
 
     def vocab_sha256(self, name: str) -> str | None:
         """The hash of the model's vocabulary (`vocab.json`): models with the same one read a prompt the same way.

@@ -227,3 +227,14 @@ def test_generate_starts_from_the_models_own_prompt_and_names_its_flag_for_unkno
     assert capsys.readouterr().out.startswith("KING:\nHark")  # the default prompt: the model's first sample
     assert main(["generate", str(folder), "--prompt", "é", "--max-new-tokens", "3"]) == 2
     assert "pass --unk-policy replace (each becomes a space) or --unk-policy drop" in capsys.readouterr().err
+
+
+def test_generate_with_a_broken_corpus_json_warns_and_generates_as_the_demo_serves(tiny_model_dir, tmp_path, caplog):
+    import logging
+    import shutil
+
+    folder = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    (folder / "corpus.json").write_text("[" * 5000, encoding="utf-8")  # json's RecursionError, once a traceback
+    with caplog.at_level(logging.WARNING, logger="gpt_serve.corpus"):
+        assert main(["generate", str(folder), "--max-new-tokens", "3", "--seed", "0"]) == 0  # from a newline
+    assert "corpus.json: its JSON is nested too deep" in caplog.text and "is ignored" in caplog.text

@@ -4,6 +4,7 @@ sources compute; bad input is one line, exit 2, and nothing written; a pickle wi
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -391,3 +392,45 @@ def test_without_the_export_app_the_folder_is_written_and_the_command_says_how(t
     assert "not exported to ONNX (the export application is not installed)" in err
     assert f"gpt-serve export {tmp_path / 'model'}" in err
     assert (tmp_path / "model" / "config.json").is_file() and not (tmp_path / "model" / "onnx").exists()
+
+
+# --- the folder's corpus record and the card's words ------------------------------------------------------------
+
+
+def test_a_nanogpt_dataset_name_of_any_kind_gives_a_record_its_reader_takes(tmp_path):
+    """The checkpoint's dataset name is made fit for a record (one line, cut short), and the prompts come from
+    train.bin, which the validation never measures (val.bin only when there is no train.bin)."""
+    from gpt_serve.corpus import write_corpus_record
+    from gpt_serve.importing import corpus_record
+    from gpt_serve.vocab import CharVocab
+
+    vocab = CharVocab(list("\nABCDEFGHIJKLMNOPQRSTUVWXYZ:ab "))
+    meta = write_meta(tmp_path / "data" / "odd" / "meta.pkl", vocab.chars)
+    train = "TRAIN:\nab ab\n\nTRAINING:\nba ba\n\n" * 40
+    val = "VAL:\nab\n\n" * 40
+    for name, text in (("train", train), ("val", val)):
+        np.asarray(vocab.encode(text), dtype=np.uint16).tofile(meta.parent / f"{name}.bin")
+    for dataset in ("x|y\n" * 300, "\0\t", None):
+        record = corpus_record(None, vocab, dataset, meta)
+        write_corpus_record(tmp_path, record)
+        assert read_corpus_record(tmp_path) == record
+        assert "\n" not in record.name and len(record.name) <= 100 and record.prompts
+        assert all(p.startswith("TRAIN") for p in record.prompts)
+    assert corpus_record(None, vocab, "\0\t", meta).name == "odd"  # nothing left of it: the dataset's folder
+    (meta.parent / "train.bin").unlink()
+    assert all(p.startswith("VAL") for p in corpus_record(None, vocab, "odd", meta).prompts)
+
+
+def test_the_card_escapes_the_texts_name_and_gives_no_prompt_without_one(tmp_path, tiny_model_dir, tokenizer):
+    from gpt_serve.corpus import CorpusRecord
+    from gpt_serve.importing import Imported, model_card
+
+    model = CharGPTForCausalLM.from_pretrained(tiny_model_dir).eval()
+    imported = Imported(model, tokenizer.vocab, NANOGPT, tmp_path / "ckpt.pt", "0" * 64, "meta.pkl")
+    card = model_card(imported, "m", None)
+    assert "gpt-serve generate PATH --max-new-tokens 200" in card and "--prompt" not in card  # not a newline
+    assert "| training text | not recorded |" in card
+    record = CorpusRecord("a | b", "c *d*", ("KING:\nHark",))
+    card = model_card(dataclasses.replace(imported, corpus_record=record), "m", None)
+    assert r"| training text | a \| b (c \*d\*) |" in card  # one row, its columns intact
+    assert "gpt-serve generate PATH --prompt 'KING:\nHark' --max-new-tokens 200" in card

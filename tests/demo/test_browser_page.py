@@ -5,8 +5,10 @@ Chromium in tests/demo/test_web_page.py."""
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +118,33 @@ def test_the_pages_form_is_the_demos():
     for name, field in FORM.items():
         if "choices" in field:
             assert sorted(value for _, value in field["choices"]) == sorted(FIELDS_BY_NAME[name].choices), name
+
+
+def test_model_corpus_json_is_the_checked_records_public_part_never_the_file(tmp_path, models_root):
+    """`model/corpus.json` is built from the checked record (name, description, prompts: not the source path), and
+    a 404 when the folder records none or its record is broken (hostile, huge, a FIFO)."""
+    import shutil
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from gpt_serve.corpus import CorpusRecord, write_corpus_record
+
+    folder = Path(shutil.copytree(models_root / "tiny", tmp_path / "tiny"))
+    record = CorpusRecord("my text", "a slice", ("A:",), "a" * 64, str(tmp_path / "secret" / "text.txt"), 10)
+    write_corpus_record(folder, record)
+    app = FastAPI()
+    mount_browser(app, folder)
+    client = TestClient(app)
+    response = client.get("/browser/model/corpus.json")
+    assert response.status_code == 200 and response.json() == {"name": "my text", "description": "a slice",
+                                                                  "prompts": ["A:"]}  # fmt: skip
+    assert "secret" not in response.text and "a" * 64 not in response.text
+    for hostile in ("[" * 60_000, " " * 100_000, '{"name": "x"}'):
+        (folder / "corpus.json").write_text(hostile, encoding="utf-8")
+        assert client.get("/browser/model/corpus.json").status_code == 404
+    (folder / "corpus.json").unlink()
+    os.mkfifo(folder / "corpus.json")  # would block a reader that opened it
+    assert client.get("/browser/model/corpus.json").status_code == 404
+    (folder / "corpus.json").unlink()
+    assert client.get("/browser/model/corpus.json").status_code == 404

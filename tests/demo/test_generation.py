@@ -383,3 +383,22 @@ def test_the_page_presents_the_model_it_serves_and_compares_only_within_a_vocabu
     shakespeare = build_demo(registry, default_model="tiny")
     assert shakespeare.handlers.compared == ["tiny", "ladder-a", "ladder-b", "ladder-c", "ladder-d", "ladder-e"]
     assert "Tiny Shakespeare" in json.dumps(shakespeare.get_config_file(), default=str)
+
+
+def test_a_corpus_name_is_shown_as_text_never_read_as_markdown(own_model_root, tmp_path):
+    from demo.captions import intro, model_line, trained_on
+    from gpt_serve.corpus import CorpusRecord, write_corpus_record
+    from gpt_serve.generation.registry import ModelRegistry
+
+    record = CorpusRecord("[click](https://evil.example) <img src=x> **bold**", "a | b `c` _d_ $x$")
+    line = trained_on(record)
+    assert line == (
+        r"trained on **\[click\](https://evil.example) \<img src=x\> \*\*bold\*\*** (a \| b \`c\` \_d\_ \$x\$)"
+    )
+    assert line in intro(record)
+    root = Path(shutil.copytree(own_model_root, tmp_path / "models"))
+    write_corpus_record(root / "code", record)
+    registry = ModelRegistry.discover(models_root=root, threads=1)
+    assert r"`code` on \[click\](https://evil.example) \<img src=x\> \*\*bold\*\*: " in model_line(
+        registry, "code", "torch"
+    )

@@ -335,3 +335,34 @@ def test_a_validation_text_outside_the_vocabulary_is_named_as_not_the_training_t
         ValueError, match=r"code.py has 80 characters outside this model's vocabulary of 65 \('\(' at 5, .*not the text"
     ):
         export_model(folder, text="def f():\n    return {}\n" * 20, text_source="code.py", threads=1)
+
+
+def test_the_cli_says_how_to_pass_the_training_text_naming_it_only_when_recorded(tiny_model_dir, tmp_path, capsys):
+    from export.exporter import NotTheTrainingText
+    from gpt_serve.corpus import CorpusRecord, write_corpus_record
+
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    code = tmp_path / "code.py"
+    code.write_text("def f():\n    return {}\n" * 20, encoding="utf-8")
+    with pytest.raises(NotTheTrainingText) as caught:
+        export_model(folder, text=code.read_text(), text_source="code.py", threads=1)
+    assert "--data" not in str(caught.value) and "corpus.json" not in str(caught.value)  # the library names no flag
+    assert main([str(folder), "--data", str(code)]) == 2  # no corpus.json: no name for the text
+    err = capsys.readouterr().err
+    assert (
+        "Pass --data PATH to the text this model was trained on, or --no-quantize" in err and "corpus.json" not in err
+    )
+    write_corpus_record(folder, CorpusRecord("my text", "a slice"))
+    assert main([str(folder), "--data", str(code)]) == 2
+    assert "Pass --data PATH to my text, the text this model was trained on (its corpus.json names it)" in (
+        capsys.readouterr().err
+    )
+    assert not (folder / "onnx").exists()
+
+
+def test_a_broken_corpus_json_stops_the_export_with_one_line(tiny_model_dir, tmp_path, capsys):
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    (folder / "corpus.json").write_text("[" * 5000, encoding="utf-8")
+    assert main([str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "nested too deep" in err and "Traceback" not in err and len(err.splitlines()) == 1

@@ -82,8 +82,8 @@ def test_the_folder_records_its_corpus(trained, small_data_path):
     trainer, _, out = trained
     record = read_corpus_record(out)
     assert record == trainer.corpus and record.name == "small.txt"
-    assert record.source == str(small_data_path.resolve()) and record.find_text() == small_data_path.resolve()
     text = small_data_path.read_text(encoding="utf-8")
+    assert record.source == str(small_data_path.resolve()) and record.find_text() == text
     assert record == CorpusRecord.of(text, small_data_path)
     assert record.prompts and all(("\n" + text).count("\n" + p) for p in record.prompts)  # starts of real lines
 
