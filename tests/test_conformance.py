@@ -43,6 +43,9 @@ class Case:
     name: str
     fields: dict
     refusal: str | None = None  # the start of the message every surface must give
+    # the refusal's remedy names each surface's own control (the CLI's flag, the page's choice): only the problem,
+    # `refusal`, must read alike
+    remedy_per_surface: bool = False
     surfaces_without: tuple[str, ...] = ()
 
     @property
@@ -74,6 +77,7 @@ CASES = [
         "unknown characters, refused",
         dict(prompt="ROMEO: ¿qué?", **G),
         refusal="the prompt has 2 characters outside this model's vocabulary: '¿' (position 7), 'é' (position 10).",
+        remedy_per_surface=True,
     ),
     Case("unknown characters, replaced", dict(prompt="ROMEO: ¿qué?", unk_policy="replace", **G)),
     Case("unknown characters, dropped", dict(prompt="ROMEO: ¿qué?", unk_policy="drop", **G)),
@@ -409,6 +413,9 @@ def test_every_surface_agrees(surfaces, loaded, case, backend):
         assert kinds == {"refused"}, results
         for name, (_, message) in results.items():
             assert message.startswith(case.refusal), f"{name}: {message}"
+        if case.remedy_per_surface:
+            assert "--unk-policy" in results["cli"][1], results["cli"][1]
+            results = {name: ("refused", case.refusal) for name in results}
     assert len({value for value in results.values()}) == 1, "surfaces disagree:\n" + "\n".join(
         f"  {name}: {value!r}" for name, value in results.items()
     )

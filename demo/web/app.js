@@ -210,7 +210,7 @@ async function loadCorpus() {
 /** Presents the model by its training text: the title, a line under the intro, the default prompt, the examples. */
 function showCorpus(corpus) {
   if (!corpus) {
-    $("corpus").textContent = "Its folder records no training text (no corpus.json).";
+    $("corpus").textContent = "Its folder records no training text (no readable corpus.json).";
     return;
   }
   document.title = `gpt-serve in the browser: Let's build GPT on ${corpus.name}`;
