@@ -23,7 +23,7 @@ class DecodeLinear(nn.Module):
     `chunks` blocks of rows and multiplying them as one batched product (`torch.bmm`, vector broadcast over the
     batch) streams the weights on every thread (`benchmarks/decode_floor.py` measures both on your machine; figures in
     docs/benchmarks.md). Same numbers up to float rounding. Prefill and larger batches (more than `max_rows` rows)
-    take `F.linear`, which is faster there.
+    take oneDNN's linear kernel on weights packed once (`pack_for_onednn`), or `F.linear` where that cannot run.
     """
 
     max_rows = 8
@@ -35,10 +35,13 @@ class DecodeLinear(nn.Module):
         # The blocks are a view of the weight: that needs a contiguous weight whose rows split evenly.
         splits = self.out_features % chunks == 0 and linear.weight.is_contiguous()
         self.chunks = chunks if splits else 1
+        self.packed = pack_for_onednn(linear.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # (N, in)
         n = rows.shape[0]
+        if n > self.max_rows and self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if self.chunks == 1 or n > self.max_rows:
             return F.linear(x, self.weight, self.bias)
         c = self.chunks
@@ -50,6 +53,24 @@ class DecodeLinear(nn.Module):
             out = torch.baddbmm(self.bias.view(c, -1, 1), blocks, vectors)
         out = out.view(1, self.out_features) if n == 1 else out.permute(2, 0, 1).reshape(n, self.out_features)
         return out.view(*x.shape[:-1], self.out_features)
+
+
+def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` (out, in) as oneDNN's packed layout for its linear kernel (what `torch.compile`'s CPU backend runs for
+    a frozen `nn.Linear`), or None where it cannot be used (not an fp32 CPU tensor, PyTorch built without oneDNN).
+
+    Why: `F.linear` runs on the BLAS PyTorch was built with (MKL), and for these shapes (a few to a few hundred rows
+    by 192-768 columns) oneDNN's kernel took about half its time on this 2-core machine (`benchmarks/decode_floor.py`
+    "oneDNN" rows; docs/benchmarks.md). A row's result does not depend on the other rows of the batch (tested). The
+    packed copy is made once: `DecodeLinear` serves an inference-only model (`decode_copy`), whose weights do not
+    change."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        with torch.no_grad():
+            return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+    except (RuntimeError, AttributeError):  # an op this build does not have
+        return None
 
 
 def int64_tensor(array, device) -> torch.Tensor:
