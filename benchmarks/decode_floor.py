@@ -9,8 +9,8 @@ projection, the two feed-forward matrices), so its speed is bounded by how fast 
 This script times exactly those products, with random weights that do not fit in the CPU cache together:
 
 - PyTorch `F.linear` (the (out, in) layout of `nn.Linear`);
-- PyTorch `DecodeLinear` (`gpt_serve.generation.torch_backend`), the batched-product path the PyTorch engine
-  decodes with;
+- PyTorch `DecodeLinear` (`gpt_serve.generation.torch_backend`), what the PyTorch engine decodes with: a batched
+  product over blocks of the weight up to 8 rows, oneDNN's linear kernel on the weight packed once past that;
 - ONNX Runtime: a graph of nothing but the same MatMuls (no attention, no KV cache, no other nodes), fp32;
 - ONNX Runtime: the same MatMuls plus, per layer, the two `Concat`s a Hugging Face-style decoder graph makes at
   every step (`present.{i}.key/.value` = the whole `past_key_values.{i}.*` followed by the new row), at a cache

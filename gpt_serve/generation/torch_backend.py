@@ -60,10 +60,10 @@ def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor | None:
     a frozen `nn.Linear`), or None where it cannot be used (not an fp32 CPU tensor, PyTorch built without oneDNN).
 
     Why: `F.linear` runs on the BLAS PyTorch was built with (MKL), and for these shapes (a few to a few hundred rows
-    by 192-768 columns) oneDNN's kernel took about half its time on this 2-core machine (`benchmarks/decode_floor.py`
-    "oneDNN" rows; docs/benchmarks.md). A row's result does not depend on the other rows of the batch (tested). The
-    packed copy is made once: `DecodeLinear` serves an inference-only model (`decode_copy`), whose weights do not
-    change."""
+    by 192-768 columns) oneDNN's kernel took about half its time on this 2-core machine (`benchmarks/decode_floor.py
+    --rows 16 64 256`, its `F.linear` and `DecodeLinear` rows; docs/benchmarks.md). A row's result does not depend on
+    the other rows of the batch (tested). The packed copy is made once: `DecodeLinear` serves an inference-only model
+    (`decode_copy`), whose weights do not change."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
         return None
     try:
@@ -307,14 +307,14 @@ class TorchBackend:
 
 
 class DecodePlan:
-    """A model's decode step (one new token per row, on a `BatchKV`) as one flat function over its tensors and
-    modules: what `CharGPTForCausalLM`'s forward computes for one query per row, in the same order with the same
-    operations (so the same numbers, bit for bit), without its module calls (`nn.Module.__call__`'s hooks and
-    dispatch), its cache and attention-registry lookups and its shape juggling: on CPU, a decode step of the shipped
-    model spent about a tenth of its time there (docs/benchmarks.md). Every variant of the lesson's ladder is
-    covered (no projection, no feed-forward, no LayerNorm, no residual, GELU); attention is PyTorch's fused kernel,
-    as `decode_attention` calls it (`of` gives no plan for another implementation, `eager`: the backend runs the
-    modules then)."""
+    """A model's decode step (one new token per row, on a `BatchKV`) as one flat function over its tensors and modules:
+    what `CharGPTForCausalLM`'s forward computes for one query per row, in the same order with the same operations
+    (so the same numbers, bit for bit), without its module calls (`nn.Module.__call__`'s hooks and dispatch), its
+    cache and attention-registry lookups and its shape juggling: on CPU, a 16-row decode step of the shipped model
+    spent about a seventh of its time there (docs/benchmarks.md, "Figures behind design choices"). Every variant of
+    the lesson's ladder is covered (no projection, no feed-forward, no LayerNorm, no residual, GELU); attention is
+    PyTorch's fused kernel, as `decode_attention` calls it (`of` gives no plan for another implementation, `eager`:
+    the backend runs the modules then)."""
 
     @classmethod
     def of(cls, model: CharGPTForCausalLM) -> DecodePlan | bool:
