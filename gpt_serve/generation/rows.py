@@ -122,7 +122,7 @@ def _penalized(rows: list[Row], logits: np.ndarray, out: Outcome) -> np.ndarray:
 
     def penalize(indices: list[int]) -> None:
         with np.errstate(over="ignore", invalid="ignore"):
-            apply_penalties(work, indices, [rows[i].sampling for i in indices], rows)
+            apply_penalties(work, [rows[i] for i in indices], indices)
 
     _isolated(penalized, out, "the penalties", penalize, lambda i: penalize([i]))
     checked = [i for i in penalized if i not in out.errors]
@@ -135,26 +135,26 @@ def _penalized(rows: list[Row], logits: np.ndarray, out: Outcome) -> np.ndarray:
     return work
 
 
-def apply_penalties(work: np.ndarray, indices: list[int], params: list[SamplingParams], rows: list[Row]) -> None:
-    """Rows `indices` of `work` (rows, V) after their penalties, in place, as array operations over those rows:
-    transformers' repetition penalty over each row's tokens so far (`Row.seen`), then OpenAI's presence and
+def apply_penalties(work: np.ndarray, rows: list[Row], at: list[int]) -> None:
+    """`rows`' logits, rows `at` of `work` (N, V), after their penalties, in place, as array operations over those
+    rows: transformers' repetition penalty over each row's tokens so far (`Row.seen`), then OpenAI's presence and
     frequency penalties over its generated tokens (`Row.counts`). Each row's numbers are exactly those of
     `sampling.apply_repetition_penalty` and `apply_openai_penalties` on that row alone."""
-    repeat = [k for k, i in enumerate(indices) if rows[i].seen is not None]
+    repeat = [(i, row) for i, row in zip(at, rows, strict=True) if row.seen is not None]
     if repeat:
-        at = [indices[k] for k in repeat]
-        seen = np.stack([rows[i].seen for i in at])  # (k, V)
+        where = [i for i, _ in repeat]
+        seen = np.stack([row.seen for _, row in repeat])  # (k, V)
         # in the logits' own dtype, as dividing a float32 row by a Python float does
-        penalty = np.array([params[k].repetition_penalty for k in repeat], dtype=work.dtype)[:, None]
-        z = work[at]
-        work[at] = np.where(seen, np.where(z > 0, z / penalty, z * penalty), z)
-    counted = [k for k, i in enumerate(indices) if rows[i].counts is not None]
+        penalty = np.array([row.sampling.repetition_penalty for _, row in repeat], dtype=work.dtype)[:, None]
+        z = work[where]
+        work[where] = np.where(seen, np.where(z > 0, z / penalty, z * penalty), z)
+    counted = [(i, row) for i, row in zip(at, rows, strict=True) if row.counts is not None]
     if counted:
-        at = [indices[k] for k in counted]
-        counts = np.stack([rows[i].counts for i in at])  # (k, V)
-        frequency = np.array([params[k].frequency_penalty for k in counted])[:, None]
-        presence = np.array([params[k].presence_penalty for k in counted])[:, None]
-        work[at] -= frequency * counts + presence * (counts > 0)
+        where = [i for i, _ in counted]
+        counts = np.stack([row.counts for _, row in counted])  # (k, V)
+        frequency = np.array([row.sampling.frequency_penalty for _, row in counted])[:, None]
+        presence = np.array([row.sampling.presence_penalty for _, row in counted])[:, None]
+        work[where] -= frequency * counts + presence * (counts > 0)
 
 
 def _penalty_settings(s: SamplingParams) -> str:

@@ -146,7 +146,7 @@ def test_the_batched_penalties_give_each_row_its_own_numbers_bit_for_bit():
         rows.append(row)
     logits = rng.normal(scale=4, size=(len(rows), 65)).astype(np.float32)
     batched = logits.copy()
-    rows_module.apply_penalties(batched, list(range(len(rows))), [r.sampling for r in rows], rows)
+    rows_module.apply_penalties(batched, rows, list(range(len(rows))))
     for i, row in enumerate(rows):
         alone = logits[i].copy()
         if row.seen is not None:
@@ -323,10 +323,10 @@ def test_over_the_api_a_failing_request_ends_alone_beside_streams_and_other_requ
 
     penalize = rows_module.apply_penalties
 
-    def failing(work, indices, params, rows):
-        if any(p.repetition_penalty == 1.5 for p in params):
+    def failing(work, rows, at):
+        if any(row.sampling.repetition_penalty == 1.5 for row in rows):
             raise FloatingPointError("injected")
-        return penalize(work, indices, params, rows)
+        return penalize(work, rows, at)
 
     monkeypatch.setattr(rows_module, "apply_penalties", failing)
     body = {"model": "tiny", "prompt": "ROMEO:", "max_tokens": 60, "seed": 1}
