@@ -47,9 +47,9 @@ def child(backend_key: str, streams: int, tokens: int, threads: int) -> dict:
     import torch
 
     from gpt_serve.generation import SamplingParams
-    from gpt_serve.generation.registry import ModelRegistry
     from gpt_serve.generation.scheduler import Request
     from gpt_serve.models import model_path
+    from gpt_serve.serving.registry import ModelRegistry
 
     torch.set_num_threads(threads)  # what `gpt-serve serve --threads` sets for the process
     registry = ModelRegistry({"m": model_path("shakespeare")}, threads=threads, max_batch=streams, max_queue=streams)

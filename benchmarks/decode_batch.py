@@ -27,8 +27,8 @@ if sys.path and Path(sys.path[0]).resolve() == ROOT / "benchmarks":
 
 import numpy as np  # noqa: E402
 
-from gpt_serve.generation.onnx_backend import OnnxBackend  # noqa: E402
-from gpt_serve.generation.onnx_batches import OnnxDecodeBatch, OnnxInPlaceBatch  # noqa: E402
+from gpt_serve.generation.backends.onnx_backend import OnnxBackend  # noqa: E402
+from gpt_serve.generation.backends.onnx_batches import OnnxDecodeBatch, OnnxInPlaceBatch  # noqa: E402
 from gpt_serve.models import model_path  # noqa: E402
 
 

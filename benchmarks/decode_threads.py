@@ -65,8 +65,8 @@ def one_layout(args) -> list[float]:
     import torch
 
     from gpt_serve.generation import load_backend
-    from gpt_serve.generation.registry import ModelRegistry
     from gpt_serve.models import model_path
+    from gpt_serve.serving.registry import ModelRegistry
 
     def measure(backend) -> list[float]:
         return [step_ms(backend, n, args.steps, args.repeats) for n in args.rows]

@@ -237,7 +237,7 @@ def engine_alone(args) -> list[tuple]:
     import torch
 
     from demo.generation import Limits, parse_request, stream_progress
-    from gpt_serve.generation.registry import ModelRegistry
+    from gpt_serve.serving.registry import ModelRegistry
 
     torch.set_num_threads(args.threads)
     registry = ModelRegistry.discover(args.model_dir, threads=args.threads)

@@ -1,4 +1,5 @@
-"""What the load-time check that every weight is finite costs (`gpt_serve.generation.loading.check_finite_weights`).
+"""What the load-time check that every weight is finite costs
+(`gpt_serve.generation.backends.loading.check_finite_weights`).
 
     python benchmarks/finite_weights.py                 # the shipped model's shape and the lesson's 10.8M model
     python benchmarks/finite_weights.py --repeats 5 --threads 2
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM
-from gpt_serve.generation.loading import check_finite_weights
+from gpt_serve.generation.backends.loading import check_finite_weights
 
 SHAPES = {
     "shakespeare (shipped)": dict(n_embd=192, n_head=6, n_layer=4, block_size=128),

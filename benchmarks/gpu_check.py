@@ -210,8 +210,8 @@ def onnx_parity(rehearsal: bool, decode_steps: int = 16) -> Result:
         )
         return Result("onnx-cuda", "SKIP", reason, {})
 
-    from gpt_serve.generation.engine import left_pad
-    from gpt_serve.generation.onnx_backend import OnnxBackend
+    from gpt_serve.generation.backends.onnx_backend import OnnxBackend
+    from gpt_serve.generation.inline import left_pad
 
     cpu = "CPUExecutionProvider"
     reference = OnnxBackend("shakespeare", providers=[cpu])
@@ -260,10 +260,10 @@ def serve_scaling(rehearsal: bool) -> Result:
     from benchmarks.serving import run as run_streams
     from benchmarks.serving import scheduler_stream
     from gpt_serve import CharGPTForCausalLM
+    from gpt_serve.chargpt.vocab import CharVocab
+    from gpt_serve.generation.backends.torch_backend import TorchBackend
     from gpt_serve.generation.scheduler import Scheduler
-    from gpt_serve.generation.torch_backend import TorchBackend
     from gpt_serve.models import model_path
-    from gpt_serve.vocab import CharVocab
 
     device = "cpu" if rehearsal else "cuda"
     tokens = 40 if rehearsal else SERVE_TOKENS

@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
 from gpt_serve.generation import SamplingParams, generate_text  # noqa: E402
-from gpt_serve.generation.onnx_backend import OnnxBackend  # noqa: E402
+from gpt_serve.generation.backends.onnx_backend import OnnxBackend  # noqa: E402
 from gpt_serve.models import model_path  # noqa: E402
 from gpt_serve.onnx_contract import (  # noqa: E402
     ATTENTION_MASK_NAME,
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.model == "lesson":
             from benchmarks.onnx_generation import lesson_model_dir
-            from gpt_serve.corpus import load_text
+            from gpt_serve.folders.corpus import load_text
 
             source = lesson_model_dir(Path(tmp), load_text(args.data))
         else:

@@ -53,7 +53,7 @@ TEMPERATURE = 0.8
 
 def child_ours(args, prompt: list[int]) -> dict:
     from benchmarks.serving import run, scheduler_stream
-    from gpt_serve.generation.registry import ModelRegistry
+    from gpt_serve.serving.registry import ModelRegistry
 
     registry = ModelRegistry(
         {"model": args.folder}, threads=args.threads, max_batch=args.max_batch, max_queue=max(args.streams, 1)
@@ -173,7 +173,7 @@ def measure(args, engine: str, folder: Path, prompt: list[int], streams: int, wo
 def copy_folder(model: str, work: Path) -> tuple[Path, list[int]]:
     """`gpt-serve copy MODEL` into `work`, and the prompt's ids in its vocabulary."""
     from gpt_serve import CharTokenizer
-    from gpt_serve.publishing import write_self_contained
+    from gpt_serve.folders.publishing import write_self_contained
 
     folder = write_self_contained(model, work / "model")
     return folder, CharTokenizer.from_pretrained(folder).encode("ROMEO:")

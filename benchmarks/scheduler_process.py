@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
         backend = load_backend(args.model, "torch", args.threads).backend
     else:
-        from gpt_serve.generation.onnx_backend import OnnxBackend
+        from gpt_serve.generation.backends.onnx_backend import OnnxBackend
 
         quantized, inplace = args.backend == "onnx-int8", args.graph == "inplace"
         backend = OnnxBackend(args.model, quantized=quantized, threads=args.threads, inplace=inplace)

@@ -46,9 +46,9 @@ if sys.path and Path(sys.path[0]).resolve() == ROOT / "benchmarks":
 
 from gpt_serve.cli import non_negative_float  # noqa: E402
 from gpt_serve.generation import SamplingParams  # noqa: E402
-from gpt_serve.generation.registry import ModelRegistry  # noqa: E402
 from gpt_serve.generation.scheduler import Request, Scheduler  # noqa: E402
 from gpt_serve.models import model_path  # noqa: E402
+from gpt_serve.serving.registry import ModelRegistry  # noqa: E402
 
 WARM_TOKENS = 8  # the warm-up streams' length
 
@@ -296,7 +296,7 @@ def bench(args, work: Path) -> int:
     model_dirs = []
     if args.model == "lesson":
         from benchmarks.onnx_generation import lesson_model_dir
-        from gpt_serve.corpus import load_text
+        from gpt_serve.folders.corpus import load_text
 
         model_dirs = [f"lesson={lesson_model_dir(work, load_text(args.data))}"]
     print(

@@ -43,12 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from training.presets import get_preset  # noqa: E402
 from training.trainer import TrainConfig, Trainer  # noqa: E402
 
-# -- the lesson's gpt.py, written the straightforward way: the tests' reference (tests/core/checkpoint_sources.py),
+# -- the lesson's gpt.py, written the straightforward way: the tests' reference (tests/folders/checkpoint_sources.py),
 # with the lesson's final init and its loss
 
 
 def lesson_gpt(vocab_size, block_size, n_embd, n_head, n_layer, dropout) -> nn.Module:
-    from tests.core.checkpoint_sources import GPTLanguageModel
+    from tests.folders.checkpoint_sources import GPTLanguageModel
 
     model = GPTLanguageModel(vocab_size, n_embd, n_head, n_layer, block_size, dropout)
 

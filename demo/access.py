@@ -9,7 +9,7 @@ nothing):
 - the OpenAI-compatible API (/v1, /tokenize, /detokenize, /version, and /metrics with `--metrics-need-key`) wants
   `Authorization: Bearer <key>`, as on `gpt-serve serve`; /health stays open;
 - a request that carries a body is refused (401) from its headers alone, before its body is read, unless it bears
-  the key or the cookie of a logged-in page (`gpt_serve.api_limits.KeyGate`); the login form itself and requests
+  the key or the cookie of a logged-in page (`gpt_serve.serving.limits.KeyGate`); the login form itself and requests
   without a body (GET) are let through to the routes, each of which checks its own access;
 - FastAPI's own /openapi.json is turned off.
 """
@@ -20,7 +20,7 @@ import hmac
 
 from starlette.requests import cookie_parser
 
-from gpt_serve.api_limits import KeyGate, open_paths
+from gpt_serve.serving.limits import KeyGate, open_paths
 
 LOGIN_PATHS = ("/login", "/login/")  # Gradio's login form: how a page gets its session cookie
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from gpt_serve.corpus import CORPUS_FILE_NAME, corpus_record_or_none
+from gpt_serve.folders.corpus import CORPUS_FILE_NAME, corpus_record_or_none
 from gpt_serve.onnx_contract import INT8_FILE_NAME, ONNX_SUBDIR
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
@@ -27,7 +27,8 @@ ORT_DIST = Path("node_modules") / "onnxruntime-web" / "dist"  # relative to WEB_
 ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 PAGE_ONNX_FILE = f"{ONNX_SUBDIR}/{INT8_FILE_NAME}"  # the int8 graph, the page's default (`?onnx=` picks another)
 MODEL_FILES = ("config.json", "vocab.json", PAGE_ONNX_FILE)
-# What the page shows of the model when the folder records it (its training text: `gpt_serve.corpus`), built from
+# What the page shows of the model when the folder records it (its training text: `gpt_serve.folders.corpus`), built
+# from
 # the checked record, never the file itself; a folder without it is served all the same, and the page then says so.
 CORPUS_URL = f"model/{CORPUS_FILE_NAME}"
 MEDIA_TYPES = {

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import re
 
-from gpt_serve.corpus import CorpusRecord
+from gpt_serve.folders.corpus import CorpusRecord
+from gpt_serve.folders.markdown import escape
 from gpt_serve.generation import BACKENDS
-from gpt_serve.generation.registry import ModelRegistry, RequestError
-from gpt_serve.markdown import escape
 from gpt_serve.models import LADDER
+from gpt_serve.serving.registry import ModelRegistry, RequestError
 
 from .attention import EARLIER, VIEW_POSITIONS, VISIBLE, axis_text
 from .generation import GenerationRequest, Progress, plural
@@ -91,7 +91,7 @@ def model_line(registry: ModelRegistry, model: str, backend: str) -> str:
 
 def trained_on(record: CorpusRecord | None) -> str:
     """'trained on **Tiny Shakespeare** (about 40,000 lines ...)', or that the folder records no training text; the
-    record's words escaped (`gpt_serve.markdown.escape`): a name is shown, never read as Markdown."""
+    record's words escaped (`gpt_serve.folders.markdown.escape`): a name is shown, never read as Markdown."""
     if record is None:
         return "whose folder records no training text (no readable corpus.json)"
     return f"trained on **{escape(record.name)}** ({escape(record.description)})"

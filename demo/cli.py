@@ -37,7 +37,7 @@ from gpt_serve.cli import (
     thread_count,
 )
 from gpt_serve.generation import BACKENDS
-from gpt_serve.generation.spec import MAX_NEW_TOKENS
+from gpt_serve.generation.fields import MAX_NEW_TOKENS
 from gpt_serve.models import MODELS_DIR
 
 # The demo's largest request by default: a slider a visitor can set to the token (1 to 2,000 over a few hundred
@@ -162,13 +162,13 @@ def preload(registry, model: str, backend: str) -> str:
 
 
 def mount_api(app, registry, default_backend: str, max_tokens_limit: int, **access):
-    """Adds the OpenAI-compatible API (`gpt_serve.api`) to the demo's FastAPI app: the same process, the same
+    """Adds the OpenAI-compatible API (`gpt_serve.serving.api`) to the demo's FastAPI app: the same process, the same
     schedulers, with the same access options as `gpt-serve serve` (`access`: `api_options`). Returns the API's
     `Drain` (its open requests, for the shutdown), or None (with a message) where its dependencies are not
     installed."""
     try:
-        from gpt_serve.api import create_router
-        from gpt_serve.api_limits import Drain
+        from gpt_serve.serving.api import create_router
+        from gpt_serve.serving.limits import Drain
     except ImportError as e:
         print(f"demo: no OpenAI-compatible API ({e}; pip install 'gpt-serve[serve]')", file=sys.stderr)
         return None
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             "demo: torch is not installed: only the ONNX Runtime backends work, without the attention view",
             file=sys.stderr,
         )
-    from gpt_serve.generation.registry import ModelRegistry
+    from gpt_serve.serving.registry import ModelRegistry
 
     from .app import build_demo, launch_options
     from .browser import mount_browser
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"demo: error: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 2
-    from gpt_serve.api_limits import close_slow_headers
+    from gpt_serve.serving.limits import close_slow_headers
 
     close_slow_headers(demo.server, limits.header_timeout)
     drain, missing = mounted["drain"], mounted["missing"]

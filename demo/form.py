@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from gpt_serve.window import DEFAULT_WINDOW_MODE
+from gpt_serve.chargpt.window import DEFAULT_WINDOW_MODE
 
 WINDOW_CHOICES = [
     ("refill: restart the cache from the last block_size/2 tokens (fast)", "refill"),

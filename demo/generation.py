@@ -23,11 +23,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gpt_serve.generation.registry import ModelRegistry
+from gpt_serve.generation.fields import MAX_NEW_TOKENS, RequestError
 from gpt_serve.generation.requests import ServerBusy
-from gpt_serve.generation.spec import MAX_NEW_TOKENS, GenerationRequest, RequestError
+from gpt_serve.generation.spec import GenerationRequest
 from gpt_serve.generation.spec import parse_request as parse_spec
 from gpt_serve.generation.text import UNK_HINT, TextStream, encode_prompt
+from gpt_serve.serving.registry import ModelRegistry
 
 
 def plural(n: int, noun: str) -> str:

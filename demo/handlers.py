@@ -18,11 +18,11 @@ from typing import Literal
 
 import gradio as gr
 
+from gpt_serve.chargpt.vocab import UNK_POLICIES
+from gpt_serve.chargpt.window import DEFAULT_WINDOW_MODE
 from gpt_serve.generation import BACKENDS, WINDOW_MODES
-from gpt_serve.generation.registry import LADDER_MODELS, ModelRegistry, RequestError
-from gpt_serve.generation.spec import FIELDS_BY_NAME, MAX_PROMPT_CHARS
-from gpt_serve.vocab import UNK_POLICIES
-from gpt_serve.window import DEFAULT_WINDOW_MODE
+from gpt_serve.generation.fields import FIELDS_BY_NAME, MAX_PROMPT_CHARS
+from gpt_serve.serving.registry import LADDER_MODELS, ModelRegistry, RequestError
 
 from .attention import prompt_attention, render_heads
 from .captions import FAILED, attention_caption, compare_status, example_prompts, model_line, stats_line

@@ -21,10 +21,11 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from gpt_serve.corpus import train_val_split
+from gpt_serve.chargpt.vocab import CharVocab
 from gpt_serve.files import folder_to_write, refuse_link
+from gpt_serve.folders.corpus import train_val_split
 from gpt_serve.generation import load_backend
-from gpt_serve.generation.onnx_session import load_session, weights_sha256
+from gpt_serve.generation.backends.onnx_session import load_session, weights_sha256
 from gpt_serve.models import ONNX_FILE_NAMES
 from gpt_serve.onnx_contract import (
     FP32_FILE_NAME,
@@ -33,7 +34,6 @@ from gpt_serve.onnx_contract import (
     INT8_FILE_NAME,
     ONNX_SUBDIR,
 )
-from gpt_serve.vocab import CharVocab
 
 from .genai import write_genai_files
 from .onnx_export import (
@@ -106,7 +106,7 @@ class ExportReport:
 
 
 def validation_ids(text: str, vocab: CharVocab) -> np.ndarray:
-    """The validation split of `text` as ids, split exactly as training splits it (`gpt_serve.corpus`)."""
+    """The validation split of `text` as ids, split exactly as training splits it (`gpt_serve.folders.corpus`)."""
     return np.asarray(vocab.encode(train_val_split(text)[1]), dtype=np.int64)
 
 

@@ -40,8 +40,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from gpt_serve.chargpt.vocab import FAST_TOKENIZER_FILE_NAME, CharVocab
 from gpt_serve.onnx_contract import INPUT_NAMES, LOGITS_NAME, PAST_NAME, PRESENT_NAME
-from gpt_serve.vocab import FAST_TOKENIZER_FILE_NAME, CharVocab
 
 GENAI_CONFIG_FILE_NAME = "genai_config.json"
 TOKENIZER_CONFIG_FILE_NAME = "tokenizer_config.json"

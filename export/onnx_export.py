@@ -35,7 +35,8 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from gpt_serve import __version__
-from gpt_serve.modeling_chargpt import CharGPTForCausalLM, causal_bias
+from gpt_serve.chargpt.modeling_chargpt import CharGPTForCausalLM, causal_bias
+from gpt_serve.chargpt.vocab import CharVocab
 from gpt_serve.onnx_contract import (
     ATTENTION_MASK_NAME,
     BLOCK_SIZE_KEY,
@@ -61,7 +62,6 @@ from gpt_serve.onnx_contract import (
     past_names,
     present_names,
 )
-from gpt_serve.vocab import CharVocab
 
 # Opset 17 is the first with a LayerNormalization op (one node instead of seven per LayerNorm) and is read by
 # every ONNX Runtime since 1.11. Fixed so that a re-export gives the same graph.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpt_serve.corpus import read_corpus_record
 from gpt_serve.files import check_regular, refuse_link, write_file
+from gpt_serve.folders.corpus import read_corpus_record
 from gpt_serve.models import MODELS_DIR
 
 from .exporter import ExportReport

@@ -18,9 +18,9 @@ import onnxruntime as ort
 import torch
 from transformers.cache_utils import DynamicCache
 
-from gpt_serve.generation.engine import left_pad
-from gpt_serve.generation.onnx_session import run_inplace
-from gpt_serve.modeling_chargpt import CharGPTForCausalLM
+from gpt_serve.chargpt.modeling_chargpt import CharGPTForCausalLM
+from gpt_serve.generation.backends.onnx_session import run_inplace
+from gpt_serve.generation.inline import left_pad
 from gpt_serve.onnx_contract import INPUT_NAMES, LOGITS_NAME, PRESENT_NAME, past_names, present_names
 
 FP32_LOGITS_ATOL = 1e-4

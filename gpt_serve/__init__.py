@@ -7,7 +7,8 @@ The package is three parts:
 - `gpt_serve.generation`: loading a model for a backend (`load_backend`), the token loop, sampling, and the
   PyTorch and ONNX Runtime backends (numpy; torch only in the PyTorch backend);
 - `gpt_serve.models`: the shipped model folders, by name;
-- `gpt_serve.importing`: a checkpoint of the lesson's `gpt.py` or of nanoGPT as a model folder (`gpt-serve import`).
+- `gpt_serve.folders.importing`: a checkpoint of the lesson's `gpt.py` or of nanoGPT as a model folder (`gpt-serve
+  import`).
 
 `import gpt_serve` imports neither torch nor transformers, so the ONNX Runtime path stays torch-free even where
 torch is installed. The model classes are imported on first use (`gpt_serve.CharGPTForCausalLM`, or
@@ -22,25 +23,25 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 _MODEL_CLASSES = {
-    "CharGPTConfig": "configuration_chargpt",
-    "CharGPTForCausalLM": "modeling_chargpt",
-    "CharGPTModel": "modeling_chargpt",
-    "CharTokenizer": "tokenization_chargpt",
+    "CharGPTConfig": "chargpt.configuration_chargpt",
+    "CharGPTForCausalLM": "chargpt.modeling_chargpt",
+    "CharGPTModel": "chargpt.modeling_chargpt",
+    "CharTokenizer": "chargpt.tokenization_chargpt",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .configuration_chargpt import CharGPTConfig
-    from .modeling_chargpt import CharGPTForCausalLM, CharGPTModel
-    from .tokenization_chargpt import CharTokenizer
+    from .chargpt.configuration_chargpt import CharGPTConfig
+    from .chargpt.modeling_chargpt import CharGPTForCausalLM, CharGPTModel
+    from .chargpt.tokenization_chargpt import CharTokenizer
 
 
 def register_auto_classes() -> None:
     """Registers `chargpt` with transformers' Auto classes (idempotent; imports torch and transformers)."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    from .configuration_chargpt import CharGPTConfig
-    from .modeling_chargpt import CharGPTForCausalLM, CharGPTModel
-    from .tokenization_chargpt import CharTokenizer
+    from .chargpt.configuration_chargpt import CharGPTConfig
+    from .chargpt.modeling_chargpt import CharGPTForCausalLM, CharGPTModel
+    from .chargpt.tokenization_chargpt import CharTokenizer
 
     AutoConfig.register(CharGPTConfig.model_type, CharGPTConfig, exist_ok=True)
     AutoModel.register(CharGPTConfig, CharGPTModel, exist_ok=True)

@@ -1,7 +1,7 @@
 """The ONNX export's layout, named once: what the exporter (`python -m export`) writes and the runtime reads.
 
 File names, graph inputs and outputs, metadata keys and format names, as plain constants and pure helpers (no
-torch, transformers or onnxruntime), imported by both `export` and `gpt_serve.generation.onnx_backend`.
+torch, transformers or onnxruntime), imported by both `export` and `gpt_serve.generation.backends.onnx_backend`.
 
 The layout is Hugging Face's: the graphs live in `MODEL_DIR/onnx/` next to `config.json` and `vocab.json`, and a
 decoder graph takes `input_ids`, `attention_mask`, `position_ids`, `past_key_values.{i}.key/.value` and returns
@@ -9,7 +9,7 @@ decoder graph takes `input_ids`, `attention_mask`, `position_ids`, `past_key_val
 onnxruntime-genai and other runtimes read it. Beside it, the export writes an in-place decode graph for ONNX
 Runtime (`onnx/decoder_inplace*.onnx`), which takes `input_ids`, `position_ids`, `cache_lengths` and
 `cache.{i}.key/.value` and returns `logits` and `present.{i}.key/.value` written into the `cache.*` buffers
-(`gpt_serve.generation.onnx_session.run_inplace`).
+(`gpt_serve.generation.backends.onnx_session.run_inplace`).
 """
 
 from __future__ import annotations

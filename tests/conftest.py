@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 # Tiny Shakespeare's 65 characters in id order (sorted), so that most tests need no corpus on disk;
-# tests/core/test_tokenizer.py checks them against the corpus.
-from gpt_serve.corpus import TINY_SHAKESPEARE_CHARS
+# tests/chargpt/test_tokenizer.py checks them against the corpus.
+from gpt_serve.folders.corpus import TINY_SHAKESPEARE_CHARS
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_PATH = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -146,7 +146,7 @@ def models_root(tmp_path_factory, tiny_model_dir, exported) -> Path:
     """tiny (block_size 16, with onnx/model.onnx and onnx/model_quantized.onnx), ladder-a and ladder-b (block 8),
     each with Tiny Shakespeare's corpus.json."""
     from gpt_serve import CharTokenizer
-    from gpt_serve.corpus import CorpusRecord, write_corpus_record
+    from gpt_serve.folders.corpus import CorpusRecord, write_corpus_record
 
     root = tmp_path_factory.mktemp("demo-models")
     folder, report = exported
@@ -166,6 +166,6 @@ def models_root(tmp_path_factory, tiny_model_dir, exported) -> Path:
 
 @pytest.fixture(scope="session")
 def registry(models_root):
-    from gpt_serve.generation.registry import ModelRegistry
+    from gpt_serve.serving.registry import ModelRegistry
 
     return ModelRegistry.discover(models_root=models_root, threads=1)

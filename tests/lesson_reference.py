@@ -1,15 +1,15 @@
 """The lesson's `generate` as a reference: no cache, the whole window re-run for every token. The cached paths
 (the scheduler on every backend, transformers' `generate`) are tested, and benchmarked, against it: same window
-rule (`gpt_serve.window`), same sampler."""
+rule (`gpt_serve.chargpt.window`), same sampler."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from gpt_serve.chargpt.modeling_chargpt import CharGPTForCausalLM
+from gpt_serve.chargpt.window import DEFAULT_WINDOW_MODE, window_keep, window_start
 from gpt_serve.generation.sampling import SamplingParams, sample_next
-from gpt_serve.modeling_chargpt import CharGPTForCausalLM
-from gpt_serve.window import DEFAULT_WINDOW_MODE, window_keep, window_start
 
 
 @torch.inference_mode()

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from gpt_serve.chargpt.window import window_keep, window_start
 from gpt_serve.generation import RequestError, SamplingParams, generate_text, load_backend
-from gpt_serve.generation.registry import ModelRegistry
-from gpt_serve.generation.spec import MAX_SEED, parse_request
+from gpt_serve.generation.fields import MAX_SEED
+from gpt_serve.generation.spec import parse_request
 from gpt_serve.generation.text import TextStream, encode_prompt
 from gpt_serve.models import MODELS_DIR, model_path
-from gpt_serve.window import window_keep, window_start
+from gpt_serve.serving.registry import ModelRegistry
 from tests.helpers import genai_greedy
 
 MODEL = "shakespeare"
@@ -150,8 +151,8 @@ def surfaces():
 
     from demo.generation import Activity, Limits
     from demo.handlers import DemoHandlers
-    from gpt_serve.api import create_app
-    from gpt_serve.ray_serve import RayServeOptions, replica_app
+    from gpt_serve.serving.api import create_app
+    from gpt_serve.serving.ray_serve import RayServeOptions, replica_app
 
     registry = ModelRegistry.discover(models_root=MODELS_DIR, expected=(), threads=1)
     options = RayServeOptions(threads=1, preload=False)
@@ -360,7 +361,7 @@ def genai(case, loaded):
 
 def genai_reference(case, loaded):
     """Our engine (the library's `generate_text`) on the graph genai runs: `OnnxBackend(..., inplace=False)`."""
-    from gpt_serve.generation.onnx_backend import OnnxBackend
+    from gpt_serve.generation.backends.onnx_backend import OnnxBackend
 
     if "hf-int8" not in loaded:
         loaded["hf-int8"] = OnnxBackend(model_path(MODEL), quantized=True, threads=1, inplace=False)

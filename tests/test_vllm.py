@@ -166,8 +166,8 @@ def test_vllm_does_not_slide_the_window(client):
 def imported_nanogpt(root: Path, corpus: str) -> Path:
     """`gpt-serve import` of a nanoGPT checkpoint (GELU, tied head, bias=False; heads of 32), trained a few steps on
     Tiny Shakespeare."""
-    from gpt_serve.importing import import_checkpoint
-    from tests.core.checkpoint_sources import GPT, save_nanogpt, train_a_little
+    from gpt_serve.folders.importing import import_checkpoint
+    from tests.folders.checkpoint_sources import GPT, save_nanogpt, train_a_little
 
     tokenizer = CharTokenizer.from_pretrained(model_path("shakespeare"))
     chars = tokenizer.vocab.chars

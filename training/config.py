@@ -6,7 +6,7 @@ import inspect
 from dataclasses import dataclass, field, fields
 
 from gpt_serve import CharGPTConfig
-from gpt_serve.generation.threads import available_cpus
+from gpt_serve.generation.backends.threads import available_cpus
 
 from .runtime import PRECISIONS
 

@@ -1,11 +1,11 @@
-"""Training data: the corpus as ids, split the lesson's way (`gpt_serve.corpus`), and random windows."""
+"""Training data: the corpus as ids, split the lesson's way (`gpt_serve.folders.corpus`), and random windows."""
 
 from __future__ import annotations
 
 import torch
 
 from gpt_serve import CharTokenizer
-from gpt_serve.corpus import TRAIN_FRACTION, train_val_split
+from gpt_serve.folders.corpus import TRAIN_FRACTION, train_val_split
 
 
 class CharDataset:

@@ -22,7 +22,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from gpt_serve.modeling_chargpt import additive_mask, causal_bias
+from gpt_serve.chargpt.modeling_chargpt import additive_mask, causal_bias
 
 CPU_ATTENTION = "chargpt_cpu_dropout"
 

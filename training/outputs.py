@@ -10,7 +10,7 @@
   (a file, `checkpoints/` or a file in it), is refused when the run starts (`refuse_links`), before anything is
   written; the files moved in are checked again.
 - A full disk is reported as one, and files get the usual permissions (`explain_write_error`, `file_mode`: the
-  library's `gpt_serve.writing`, which the importer shares).
+  library's `gpt_serve.files`, which the importer shares).
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from gpt_serve.files import refuse_link
-from gpt_serve.writing import LOW_SPACE_BYTES, explain_write_error, file_mode, fill  # noqa: F401 (re-exported)
+from gpt_serve.files import LOW_SPACE_BYTES, explain_write_error, file_mode, fill, refuse_link  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from gpt_serve.corpus import CorpusRecord
-from gpt_serve.markdown import escape
+from gpt_serve.folders.corpus import CorpusRecord
+from gpt_serve.folders.markdown import escape
 
 from .config import ARCH_KEYS, OPTIMIZATION_KEYS
 from .outputs import explain_write_error, temp_path
@@ -173,7 +173,7 @@ def format_duration(seconds: float) -> str:
 
 def generate_sample(model, tokenizer, n_tokens: int, seed: int = 0) -> str:
     from gpt_serve.generation import generate_text
-    from gpt_serve.generation.torch_backend import TorchBackend
+    from gpt_serve.generation.backends.torch_backend import TorchBackend
 
     if n_tokens <= 0:
         return ""

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
-from gpt_serve.corpus import CorpusRecord, load_text, write_corpus_record
-from gpt_serve.modeling_chargpt import quiet_weight_loading, upgrade_state_dict
+from gpt_serve.chargpt.modeling_chargpt import quiet_weight_loading, upgrade_state_dict
+from gpt_serve.folders.corpus import CorpusRecord, load_text, write_corpus_record
 
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .config import ARCH_KEYS, MODEL_KEYS, OPTIMIZATION_KEYS, SCHEDULES, TrainConfig, make_scheduler  # noqa: F401

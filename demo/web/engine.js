@@ -1,4 +1,4 @@
-// The generation engine in the browser: gpt_serve/generation/engine.py for one prompt (batch 1), same names.
+// The generation engine in the browser: gpt_serve/generation/inline.py for one prompt (batch 1), same names.
 //
 // The engine knows nothing about what computes the logits: a model is anything with blockSize, vocabSize and
 //   forward(inputIds, attentionMask, positionIds, cache) -> Promise<{logits, cache}>   (see model.js)
@@ -16,9 +16,9 @@ import { Rng, randomSeed } from "./rng.js";
 import { applyRepetitionPenalty, sampleNext, samplingParams } from "./sampling.js";
 import { RequestError, commas, pyRepr, showValue } from "./spec.js";
 
-export const WINDOW_MODES = ["exact", "refill"]; // gpt_serve/window.py's, the choices of the spec's window_mode
+export const WINDOW_MODES = ["exact", "refill"]; // gpt_serve/chargpt/window.py's, the choices of the spec's window_mode
 
-/** How many tokens survive when the window overflows (gpt_serve/window.py's window_keep). */
+/** How many tokens survive when the window overflows (gpt_serve/chargpt/window.py's window_keep). */
 export function windowKeep(blockSize, windowMode, refillTokens = null) {
   if (!WINDOW_MODES.includes(windowMode)) {
     const modes = `[${WINDOW_MODES.map(pyRepr).join(", ")}]`;

@@ -1,4 +1,4 @@
-// The ONNX model for the engine, run by onnxruntime-web: gpt_serve/generation/onnx_backend.py in the browser.
+// The ONNX model for the engine, run by onnxruntime-web: gpt_serve/generation/backends/onnx_backend.py in the browser.
 //
 // A model folder (URL) holds config.json, vocab.json and onnx/model_quantized.onnx (the int8 graph that
 // `python -m export` writes). The graph is a decoder with an explicit KV cache, in Hugging Face's layout:

@@ -1,10 +1,10 @@
-// The character vocabulary of a model folder's vocab.json ({character: id}), as gpt_serve/vocab.py reads it:
+// The character vocabulary of a model folder's vocab.json ({character: id}), as gpt_serve/chargpt/vocab.py reads it:
 // id = rank, one character per token. Characters outside it are refused, dropped or replaced by a space (the
 // unk_policy "error", "drop", "replace"); the page's message for them is encodePrompt's (engine.js).
 
 import { pyRepr } from "./spec.js";
 
-export const UNK_POLICIES = ["error", "drop", "replace"]; // gpt_serve/vocab.py's, the choices of the spec's unk_policy
+export const UNK_POLICIES = ["error", "drop", "replace"]; // gpt_serve/chargpt/vocab.py's, the choices of the spec's unk_policy
 
 /** "1 character", "2 characters" */
 export function plural(n, noun) {

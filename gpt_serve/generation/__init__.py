@@ -18,18 +18,19 @@
 - the ONNX side: graph loading and checks in `onnx_session`, caches and decode batches in `onnx_batches`, the graph
   contract the export writes in `gpt_serve.onnx_contract`;
 - `registry`: a server's models by name, each (model, backend) loaded once with its scheduler (`ModelRegistry`).
-The window rule past `block_size` is `gpt_serve.window`, shared with the transformers model.
+The window rule past `block_size` is `gpt_serve.chargpt.window`, shared with the transformers model.
 
 Importing this package imports neither torch nor onnxruntime; each backend module imports its own runtime.
 """
 
-from ..window import DEFAULT_WINDOW_MODE, WINDOW_MODES, window_keep
-from .backend import Backend
-from .engine import generate_text, generate_tokens, stream_text
-from .loading import BACKENDS, LoadedModel, load_backend
+from ..chargpt.window import DEFAULT_WINDOW_MODE, WINDOW_MODES, window_keep
+from .backends.loading import LoadedModel, load_backend
+from .backends.protocol import Backend
+from .fields import BACKENDS, RequestError
+from .inline import generate_text, generate_tokens, stream_text
 from .requests import EngineError
 from .sampling import SamplingParams
-from .spec import GenerationRequest, RequestError, parse_request
+from .spec import GenerationRequest, parse_request
 
 __all__ = [
     "BACKENDS",

@@ -2,7 +2,8 @@
 model with. numpy only; the backend computes the logits (`Backend.sequence_logits`, `window_logits`).
 
 Token `i` of the prompt is scored by the model's distribution after the tokens before it, read the way generation
-reads them (`gpt_serve.window`, the lesson's exact window): the first `block_size` tokens by one forward pass over
+reads them (`gpt_serve.chargpt.window`, the lesson's exact window): the first `block_size` tokens by one forward pass
+over
 them, each later one by the window of the `block_size` tokens before it. The first token has no logprob (null, as
 OpenAI answers).
 """

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..window import DEFAULT_WINDOW_MODE
+from ..chargpt.window import DEFAULT_WINDOW_MODE
 from .sampling import SamplingParams
 
 

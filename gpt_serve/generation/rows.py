@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..window import window_keep, window_start
+from ..chargpt.window import window_keep, window_start
 from .requests import EngineError, Stream
 from .sampling import (
     SamplingParams,
@@ -48,7 +48,8 @@ class Row:
         if s.repetition_penalty != 1.0:
             self.seen = np.zeros(vocab_size, dtype=bool)
             self.seen[self.ids] = True
-        # The window is ids[start:] (`gpt_serve.window`); a prompt longer than the window starts from its last `keep`
+        # The window is ids[start:] (`gpt_serve.chargpt.window`); a prompt longer than the window starts from its last
+        # `keep`
         self.start = window_start(len(self.ids), 0, block_size, self.keep)
 
     def accept(self, token: int) -> bool:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .fields import check_value
+
 # A temperature below this samples greedily, as vLLM's does: dividing by 1e-320 overflows the logits to inf and their
 # softmax to NaN. Below it the draw is the argmax anyway, but for logits closer than ~1e-4 (docs/generation.md).
 GREEDY_BELOW = 1e-5
@@ -43,8 +45,6 @@ class SamplingParams:
     min_p: float = 0.0
 
     def __post_init__(self):
-        from .spec import check_value  # the one table of limits (it builds SamplingParams: imported here)
-
         for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_p"):
             check_value(name, getattr(self, name))
         if self.top_k is not None:

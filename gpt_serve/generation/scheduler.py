@@ -25,7 +25,8 @@ scoring; such a request ends with an `EngineError`, and its neighbours get exact
 Only a decode step that fails as a whole (a broken backend) ends every running request.
 
 A request's tokens do not depend on what else runs: each has its own RNG (its seed), its own sampling settings and
-its own window (`gpt_serve.window`). A row's window is its own tokens only (padding never counts against it): when
+its own window (`gpt_serve.chargpt.window`). A row's window is its own tokens only (padding never counts against it):
+when
 it outgrows `block_size`, a `"refill"` row is prefilled again from its last `refill_tokens` tokens and rejoins; an
 `"exact"` row leaves the batch for a full-window forward per token (the lesson's semantics), run for all such rows
 together in their own forward pass, a few rows per step (`max_recompute_per_step`), so that they never hold the
@@ -49,14 +50,14 @@ from itertools import islice
 
 import numpy as np
 
-from ..window import window_keep, window_start
-from .backend import Backend, DecodeBatch
+from ..chargpt.window import window_keep, window_start
+from .backends.protocol import Backend, DecodeBatch
+from .fields import check_value
 from .logprobs import WINDOWS_PER_CALL, scoring_chunks
 from .requests import EngineError, Request, Scoring, ServerBusy, Stream
 from .rows import Row, next_tokens
 from .runner import InlineRunner, Runner, torch_runner
 from .sampling import SamplingParams
-from .spec import check_value
 
 logger = logging.getLogger(__name__)
 

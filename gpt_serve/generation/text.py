@@ -10,8 +10,9 @@ only its errors (`RequestError`, `ServerBusy`) to its own wire format.
 
 from __future__ import annotations
 
+from .fields import RequestError
 from .requests import EngineError, Request, Stream
-from .spec import GenerationRequest, RequestError
+from .spec import GenerationRequest
 
 # How a request accepts characters outside the vocabulary, in the API's words; a surface with a control or a flag of
 # its own passes its words (`unk_hint`): the CLI's `--unk-policy`, the page's "Characters outside the vocabulary".

@@ -2,7 +2,8 @@
 
 Torch-free (the ONNX Runtime path uses it). A model folder is a `save_pretrained` folder: `config.json`, the
 weights (`model.safetensors`), the tokenizer files (`vocab.json`, `tokenizer_config.json`), `generation_config.json`,
-a model card, `corpus.json` (what it was trained on: `gpt_serve.corpus.CorpusRecord`) and, once exported, `onnx/`.
+a model card, `corpus.json` (what it was trained on: `gpt_serve.folders.corpus.CorpusRecord`) and, once exported,
+`onnx/`.
 The shipped ones hold exactly that, data only; the code lives once, in `gpt_serve`.
 
     >>> from gpt_serve.models import model_path, list_models
@@ -16,18 +17,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..corpus import CORPUS_FILE_NAME
 from ..files import check_regular
 from ..onnx_contract import FP32_FILE_NAME, INPLACE_FP32_FILE_NAME, INPLACE_INT8_FILE_NAME, INT8_FILE_NAME, ONNX_SUBDIR
 
 MODELS_DIR = Path(__file__).resolve().parent
 DEFAULT_MODEL = "shakespeare"
 CONFIG_FILE_NAME = "config.json"
+CORPUS_FILE_NAME = "corpus.json"  # what the model was trained on (`gpt_serve.folders.corpus.CorpusRecord`)
 WEIGHTS_FILE_NAME = "model.safetensors"
 MODEL_TYPE = "chargpt"
 # What a model folder holds, by name: what `save_pretrained` of the model and tokenizer writes, the card, and the
 # training's figure and metrics beside it. Loading checks that each present is a regular file (`check_model_files`);
-# `gpt-serve copy` writes these and nothing else (`gpt_serve.publishing`).
+# `gpt-serve copy` writes these and nothing else (`gpt_serve.folders.publishing`).
 MODEL_FILE_NAMES = (
     CONFIG_FILE_NAME, WEIGHTS_FILE_NAME, "vocab.json", "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "added_tokens.json", "generation_config.json", "README.md", "loss.png", "metrics.jsonl",

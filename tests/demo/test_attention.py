@@ -17,8 +17,8 @@ from demo.attention import (
     render_heads,
     shown_weights,
 )
-from gpt_serve.generation.registry import ModelRegistry
-from gpt_serve.generation.spec import MAX_NEW_TOKENS
+from gpt_serve.generation.fields import MAX_NEW_TOKENS
+from gpt_serve.serving.registry import ModelRegistry
 
 
 def test_prompt_attention_is_causal_and_normalized(registry):

@@ -110,7 +110,8 @@ def test_the_pages_form_is_the_demos():
     `python -c "from demo.form import form_json; print(form_json(), end='')" > demo/web/form.json`; its defaults
     are requests the specification accepts, and its choices are the specification's."""
     from demo.form import FORM, form_json
-    from gpt_serve.generation.spec import FIELDS_BY_NAME, parse_request
+    from gpt_serve.generation.fields import FIELDS_BY_NAME
+    from gpt_serve.generation.spec import parse_request
 
     assert (WEB_DIR / "form.json").read_text(encoding="utf-8") == form_json(), "regenerate demo/web/form.json"
     request = parse_request({name: field["default"] for name, field in FORM.items()})
@@ -128,7 +129,7 @@ def test_model_corpus_json_is_the_checked_records_public_part_never_the_file(tmp
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from gpt_serve.corpus import CorpusRecord, write_corpus_record
+    from gpt_serve.folders.corpus import CorpusRecord, write_corpus_record
 
     folder = Path(shutil.copytree(models_root / "tiny", tmp_path / "tiny"))
     record = CorpusRecord("my text", "a slice", ("A:",), "a" * 64, str(tmp_path / "secret" / "text.txt"), 10)

@@ -255,7 +255,7 @@ def test_ui_compare_runs_the_default_model_and_the_ladder(handlers):
 
 
 def test_backends_load_once_and_are_shared(models_root):
-    from gpt_serve.generation.registry import ModelRegistry
+    from gpt_serve.serving.registry import ModelRegistry
 
     fresh = ModelRegistry.discover(models_root=models_root, threads=1)
     results = []
@@ -348,7 +348,7 @@ def test_stop_stops_the_pages_running_stream_whatever_ticket_it_sends(handlers):
 def own_model_root(tmp_path_factory, models_root):
     """The test models plus `code`: a model on another text (its own vocabulary) with its corpus.json."""
     from gpt_serve import CharTokenizer
-    from gpt_serve.corpus import CorpusRecord, write_corpus_record
+    from gpt_serve.folders.corpus import CorpusRecord, write_corpus_record
     from tests.conftest import make_tiny_model
 
     root = Path(shutil.copytree(models_root, tmp_path_factory.mktemp("own") / "models"))
@@ -364,7 +364,7 @@ def own_model_root(tmp_path_factory, models_root):
 
 def test_the_page_presents_the_model_it_serves_and_compares_only_within_a_vocabulary(own_model_root):
     from demo.app import build_demo
-    from gpt_serve.generation.registry import ModelRegistry
+    from gpt_serve.serving.registry import ModelRegistry
 
     registry = ModelRegistry.discover(models_root=own_model_root, threads=1)
     demo = build_demo(registry, default_model="code")
@@ -387,8 +387,8 @@ def test_the_page_presents_the_model_it_serves_and_compares_only_within_a_vocabu
 
 def test_a_corpus_name_is_shown_as_text_never_read_as_markdown(own_model_root, tmp_path):
     from demo.captions import intro, model_line, trained_on
-    from gpt_serve.corpus import CorpusRecord, write_corpus_record
-    from gpt_serve.generation.registry import ModelRegistry
+    from gpt_serve.folders.corpus import CorpusRecord, write_corpus_record
+    from gpt_serve.serving.registry import ModelRegistry
 
     record = CorpusRecord("[click](https://evil.example) <img src=x> **bold**", "a | b `c` _d_ $x$")
     line = trained_on(record)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt_serve.corpus import read_corpus_record
+from gpt_serve.folders.corpus import read_corpus_record
 
 SHAKESPEARE = ("Shakespeare", "ROMEO", "JULIET")
 SOURCES = ("window.py", "vocab.py", "corpus.py")  # gpt_serve's own modules: a text with its own characters
@@ -41,7 +41,7 @@ def own_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def own_registry(own_model):
     """The shipped models and this one, as `gpt-serve demo --model-dir mine=PATH --model mine` serves them."""
-    from gpt_serve.generation.registry import ModelRegistry
+    from gpt_serve.serving.registry import ModelRegistry
 
     registry = ModelRegistry.discover([f"mine={own_model}"])
     yield registry

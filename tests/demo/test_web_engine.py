@@ -26,13 +26,13 @@ import pytest
 
 from demo.browser import WEB_DIR
 from gpt_serve import onnx_contract
+from gpt_serve.chargpt.vocab import UNK_POLICIES, CharVocab
+from gpt_serve.chargpt.window import WINDOW_MODES
 from gpt_serve.generation import generate_tokens
-from gpt_serve.generation.onnx_backend import OnnxBackend
-from gpt_serve.generation.spec import FIELDS_BY_NAME, RANDOM_SEEDS, RequestError
+from gpt_serve.generation.backends.onnx_backend import OnnxBackend
+from gpt_serve.generation.fields import FIELDS_BY_NAME, RANDOM_SEEDS, RequestError
 from gpt_serve.generation.text import UNK_HINT
 from gpt_serve.models import model_path
-from gpt_serve.vocab import UNK_POLICIES, CharVocab
-from gpt_serve.window import WINDOW_MODES
 from tests.demo.conftest import PAGE_FORM, python_reads_form
 
 HARNESS = Path(__file__).with_name("web_engine.mjs")

@@ -23,13 +23,13 @@ import pytest
 
 from demo.browser import ORT_DIST, PAGE_FILES, WEB_DIR, browser_files, missing_files
 from demo.form import FORM
-from gpt_serve.corpus import read_corpus_record
+from gpt_serve.chargpt.vocab import CharVocab
+from gpt_serve.folders.corpus import read_corpus_record
 from gpt_serve.generation import SamplingParams, generate_tokens
-from gpt_serve.generation.onnx_backend import OnnxBackend
+from gpt_serve.generation.backends.onnx_backend import OnnxBackend
+from gpt_serve.generation.fields import RequestError
 from gpt_serve.generation.sampling import GREEDY_BELOW, draw, probabilities
-from gpt_serve.generation.spec import RequestError
 from gpt_serve.models import model_path
-from gpt_serve.vocab import CharVocab
 from tests.demo.conftest import PAGE_FORM, python_reads_form, wait_until
 
 pytestmark = pytest.mark.browser

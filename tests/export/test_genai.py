@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from export.genai import GENAI_CONFIG_FILE_NAME, genai_tokenizer, rarest_id, write_genai_tokenizer
+from gpt_serve.chargpt.vocab import CharVocab
 from gpt_serve.generation import SamplingParams, generate_text, load_backend
 from gpt_serve.models import list_models, model_path
-from gpt_serve.vocab import CharVocab
 from tests.helpers import genai_greedy
 
 # Spaces, newlines and punctuation: the characters the first BPE-form tokenizer encoded as -1 or crashed on.

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gpt_serve import CharTokenizer
-from gpt_serve import corpus as data_mod
-from gpt_serve.corpus import load_text
+from gpt_serve.folders import corpus as data_mod
+from gpt_serve.folders.corpus import load_text
 from training.data import CharDataset
 
 

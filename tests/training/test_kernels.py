@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from conftest import make_tiny_model
 
 from gpt_serve import CharGPTForCausalLM
-from gpt_serve.modeling_chargpt import causal_bias
+from gpt_serve.chargpt.modeling_chargpt import causal_bias
 from training.kernels import (
     CPU_ATTENTION,
     FastDropout,

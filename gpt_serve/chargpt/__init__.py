@@ -1,0 +1,1 @@
+"""The transformers model of the lesson: config, model, char tokenizer, window, vocabulary."""

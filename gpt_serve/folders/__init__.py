@@ -1,0 +1,1 @@
+"""Model folders: import, checkpoints, corpus records, publishing."""

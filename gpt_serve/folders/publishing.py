@@ -1,0 +1,161 @@
+"""A model folder written out as a self-contained copy: what plain transformers needs, and a Hub repository holds.
+
+The shipped folders (`gpt_serve.models`) hold data only: the package's classes read them. A copy for someone
+without gpt-serve (`gpt-serve copy NAME OUT`, `write_self_contained`) also holds the model's code, the files
+`save_pretrained` copies for `trust_remote_code=True` (`configuration_chargpt.py`, `config_limits.py`,
+`modeling_chargpt.py`, `window.py`) with `auto_map` in its `config.json`, and its model card says how to load it that
+way. Written whole or not at all (`gpt_serve.files.write_new_folder`).
+
+A copy is meant to be uploaded as it is, so it holds what a model folder is and nothing else (`plan_copy`):
+
+- the model is loaded with every check of `load_backend` (safetensors only, the vocabulary, finite weights) and
+  written again: `config.json` (its `auto_map` ours alone), `model.safetensors`, `generation_config.json`, the
+  tokenizer files, and the package's own code files;
+- the card (its "## Use" section rewritten), the training's `loss.png` and `metrics.jsonl`, and the export's files in
+  `onnx/` (by name, `gpt_serve.models.ONNX_FILE_NAMES`) are copied byte for byte, when each is a regular file of
+  the folder: never a symbolic link (its target may be anywhere: a secret file would be published);
+- everything else is skipped, and said so: another code file (`evil.py`, which a foreign `auto_map` entry would
+  make `trust_remote_code=True` import), a pickle (`pytorch_model.bin`: it can run code when loaded), a link, any
+  other file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..files import write_file, write_new_folder
+from ..models import MODEL_FILE_NAMES, ONNX_FILE_NAMES, model_path
+from ..onnx_contract import ONNX_SUBDIR
+from .corpus import read_corpus_record
+
+# Copied byte for byte (when regular files of the folder); the rest of MODEL_FILE_NAMES is written from the model.
+COPIED_AS_IS = ("README.md", "loss.png", "metrics.jsonl")
+CODE_FILES = ("configuration_chargpt.py", "config_limits.py", "modeling_chargpt.py", "window.py")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+@dataclass
+class CopyPlan:
+    """What `gpt-serve copy` takes from a folder as it is (paths relative to it), and what it skips, with why."""
+
+    copied: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _skip_reason(entry: os.DirEntry, rel: str) -> str:
+    if entry.is_symlink():
+        return f"a symbolic link (to {os.readlink(entry.path)}): a copy holds the folder's own files only"
+    if not entry.is_file(follow_symlinks=False):
+        return "a folder that is not onnx/" if entry.is_dir(follow_symlinks=False) else "not a regular file"
+    name = entry.name
+    if name.endswith(PICKLE_SUFFIXES):
+        return "a pickle (it can run code when loaded); the weights are model.safetensors"
+    if name.endswith(".py"):
+        return "a code file that is not gpt-serve's (the copy's code is the package's own)"
+    return "not a file of a model folder"
+
+
+def plan_copy(folder: str | os.PathLike) -> CopyPlan:
+    """What `write_self_contained` copies from `folder` as it is, and what it skips (see the module docstring)."""
+    folder, plan = Path(folder), CopyPlan()
+    rewritten = {*MODEL_FILE_NAMES, *CODE_FILES} - set(COPIED_AS_IS)  # written again from the model and the package
+    with os.scandir(folder) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.name == "__pycache__":
+                continue
+            if entry.name == ONNX_SUBDIR and entry.is_dir(follow_symlinks=False):
+                with os.scandir(entry.path) as graphs:
+                    for graph in sorted(graphs, key=lambda e: e.name):
+                        rel = f"{ONNX_SUBDIR}/{graph.name}"
+                        if graph.name in ONNX_FILE_NAMES and graph.is_file(follow_symlinks=False):
+                            plan.copied.append(rel)
+                        else:
+                            plan.skipped.append((rel, _skip_reason(graph, rel)))
+            elif entry.name in COPIED_AS_IS and entry.is_file(follow_symlinks=False):
+                plan.copied.append(entry.name)
+            elif entry.name in rewritten:
+                # written again from the loaded model or the package: no byte of the file itself is copied (a link
+                # here, as in a Hugging Face cache, was read by the loader's checks of a model's files)
+                continue
+            else:
+                plan.skipped.append((entry.name, _skip_reason(entry, entry.name)))
+    return plan
+
+
+def _read_own(path: Path) -> bytes:
+    """The bytes of `path`, opened without following a link and refused unless it is a regular file (no window for a
+    file swapped for a link after `plan_copy` looked)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{path} is not a regular file; gpt-serve copy takes the folder's own files only")
+        return f.read()
+
+
+REMOTE_CODE_USE = """## Use
+
+This folder holds its own model code: plain transformers loads it with `trust_remote_code=True` (no gpt-serve
+needed; the tokenizer is `tokenizer.json`, which needs no code).
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("PATH", trust_remote_code=True)
+ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+print(tokenizer.decode(model.generate(ids, max_new_tokens=200, do_sample=True)[0]))
+```
+
+With gpt-serve installed, `gpt-serve generate PATH` and `gpt-serve serve --model-dir PATH` run it too.
+
+"""
+
+
+def write_self_contained(source: str | os.PathLike, out: str | os.PathLike, replace: bool = False) -> Path:
+    """Writes a self-contained copy of the model folder `source` (a path, or a shipped model's name) to `out`: the
+    model's files and nothing else (`plan_copy` says what is skipped)."""
+    from .. import CharTokenizer
+    from ..generation.backends.loading import load_backend
+
+    folder = model_path(source)
+    loaded = load_backend(folder, "torch")  # every check of a load: safetensors only, vocabulary, finite weights
+    model = loaded.backend.pretrained
+    model.config.auto_map = {}  # ours alone: save_pretrained writes the entries of the package's classes
+    tokenizer = CharTokenizer(chars=loaded.vocab.chars)  # the folder's vocabulary; no foreign tokenizer_config.json
+    plan = plan_copy(folder)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)  # the weights, config.json with auto_map, the code files
+        tokenizer.save_pretrained(tmp)
+        for rel in plan.copied:
+            data = _read_own(folder / rel)
+            if rel == "README.md":
+                data = with_remote_code_use(data.decode("utf-8"), _use_prompt(folder)).encode("utf-8")
+            (tmp / rel).parent.mkdir(exist_ok=True)
+            write_file(tmp / rel, data)
+
+    return write_new_folder(out, write, replace=replace)
+
+
+def _use_prompt(folder: Path) -> str:
+    """The Use snippet's prompt: the model's first sample prompt (`corpus.json`), else the empty prompt."""
+    record = read_corpus_record(folder)
+    return record.default_prompt if record is not None else ""
+
+
+def with_remote_code_use(card: str, prompt: str = "") -> str:
+    """`card` (a model card) with its "## Use" section saying how plain transformers loads the folder, from
+    `prompt` (the model's own: its first sample prompt)."""
+    use = REMOTE_CODE_USE.replace("PROMPT", json.dumps(prompt), 1)
+    section = re.compile(r"^## Use\n.*?(?=^## |\Z)", re.S | re.M)
+    if section.search(card):
+        return section.sub(lambda _: use, card, count=1)
+    return card.rstrip("\n") + "\n\n" + use
+
+
+__all__ = ["CopyPlan", "plan_copy", "write_self_contained", "with_remote_code_use"]

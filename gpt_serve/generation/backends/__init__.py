@@ -1,0 +1,1 @@
+"""Backends: protocol, loading, PyTorch, ONNX Runtime."""

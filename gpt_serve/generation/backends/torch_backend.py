@@ -1,0 +1,492 @@
+"""The PyTorch backend of the generation engine: a `CharGPTForCausalLM` behind the `Backend` protocol."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ...chargpt.modeling_chargpt import CharGPTForCausalLM
+
+
+class DecodeLinear(nn.Module):
+    """An inference-only `nn.Linear` (sharing its weight) with a faster path for decoding a few rows.
+
+    Decoding multiplies one row by each weight matrix, which is bound by reading the weights from memory. On CPU,
+    `F.linear` runs that product as a single-threaded matrix-vector product; splitting the (out, in) weight into
+    `chunks` blocks of rows and multiplying them as one batched product (`torch.bmm`, vector broadcast over the
+    batch) streams the weights on every thread (`benchmarks/decode_floor.py` measures both on your machine; figures in
+    docs/benchmarks.md). Same numbers up to float rounding. Prefill and larger batches (more than `max_rows` rows)
+    take oneDNN's linear kernel on weights packed once (`pack_for_onednn`), or `F.linear` where that cannot run.
+    """
+
+    max_rows = 8
+
+    def __init__(self, linear: nn.Linear, chunks: int = 4):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias  # shared, not copied
+        self.out_features, self.in_features = linear.weight.shape
+        # The blocks are a view of the weight: that needs a contiguous weight whose rows split evenly.
+        splits = self.out_features % chunks == 0 and linear.weight.is_contiguous()
+        self.chunks = chunks if splits else 1
+        self.packed = pack_for_onednn(linear.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)  # (N, in)
+        n = rows.shape[0]
+        if n > self.max_rows and self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.chunks == 1 or n > self.max_rows:
+            return F.linear(x, self.weight, self.bias)
+        c = self.chunks
+        blocks = self.weight.view(c, self.out_features // c, self.in_features)  # (c, out/c, in)
+        vectors = rows.t().expand(c, self.in_features, n)  # the same rows for every block, not copied
+        if self.bias is None:
+            out = torch.bmm(blocks, vectors)  # (c, out/c, N)
+        else:
+            out = torch.baddbmm(self.bias.view(c, -1, 1), blocks, vectors)
+        out = out.view(1, self.out_features) if n == 1 else out.permute(2, 0, 1).reshape(n, self.out_features)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` (out, in) as oneDNN's packed layout for its linear kernel (what `torch.compile`'s CPU backend runs for
+    a frozen `nn.Linear`), or None where it cannot be used (not an fp32 CPU tensor, PyTorch built without oneDNN).
+
+    Why: `F.linear` runs on the BLAS PyTorch was built with (MKL), and for these shapes (a few to a few hundred rows
+    by 192-768 columns) oneDNN's kernel took about half its time on this 2-core machine (`benchmarks/decode_floor.py
+    --rows 16 64 256`, its `F.linear` and `DecodeLinear` rows; docs/benchmarks.md). A row's result does not depend on
+    the other rows of the batch (tested). The packed copy is made once: `DecodeLinear` serves an inference-only model
+    (`decode_copy`), whose weights do not change."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        with torch.no_grad():
+            return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+    except (RuntimeError, AttributeError):  # an op this build does not have
+        return None
+
+
+def int64_tensor(array, device) -> torch.Tensor:
+    """`array` as an int64 tensor on `device`, sharing a numpy array's memory where it can (`torch.from_numpy`), a
+    copy where numpy may not write to it (a broadcast view, say: PyTorch would warn that it cannot protect it)."""
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    if not array.flags.writeable:
+        array = array.copy()
+    return torch.from_numpy(array).to(device)
+
+
+def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """PyTorch's fused attention called directly, for inference (no dropout): transformers' generic SDPA wrapper
+    checks for features this model never uses (GQA, NPUs, tracing, position biases) at every call, a cost paid per
+    layer per decoded token (docs/benchmarks.md, "Figures behind design choices")."""
+    is_causal = attention_mask is None and query.shape[2] > 1
+    y = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=is_causal, scale=scaling)
+    return y.transpose(1, 2), None
+
+
+DECODE_ATTENTION = "gpt_serve_decode"
+ALL_ATTENTION_FUNCTIONS.register(DECODE_ATTENTION, decode_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(DECODE_ATTENTION, sdpa_mask)  # the masks SDPA takes: boolean, or none
+
+
+def decode_copy(model: CharGPTForCausalLM) -> CharGPTForCausalLM:
+    """An eval-mode copy of `model`, sharing its parameters, with every `nn.Linear` replaced by a `DecodeLinear` and
+    the attention by `decode_attention` (the copy's config is its own: `model` keeps its attention)."""
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    fast = copy.deepcopy(model, memo=shared).eval()
+    if fast.config._attn_implementation == "sdpa":
+        fast.config._attn_implementation = DECODE_ATTENTION
+    for module in list(fast.modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, child_name, DecodeLinear(child))
+            elif isinstance(child, nn.Dropout):  # a no-op in eval mode, but still a call
+                setattr(module, child_name, nn.Identity())
+    return fast
+
+
+class CacheSizes:
+    """What transformers' mask functions (`create_causal_mask`) ask of a cache, from its `get_seq_length`: the
+    queries' offset and the keys' length and offset a mask must cover."""
+
+    is_compileable = False
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.get_seq_length(layer_idx)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.get_seq_length(layer_idx) + query_length, 0
+
+
+class KVBuffer(CacheSizes):
+    """A KV cache of fixed capacity: keys and values are written in place into buffers allocated once.
+
+    Implements the part of transformers' `Cache` API that `CharGPTForCausalLM` calls (`update`,
+    `get_seq_length`). Unlike `DynamicCache`, which concatenates (copies) the whole cache at every step, a decode
+    step only writes its own row. The engine never holds more than `block_size` columns, the capacity.
+
+    Why not transformers' `StaticCache`, which also writes in place: it hands the attention its whole capacity
+    (masked beyond the filled length), so it needs a view of the filled positions on top, and it keeps the lengths
+    as tensors: this buffer decoded faster in every paired run (docs/benchmarks.md, "Figures behind design
+    choices"), so it stays.
+    """
+
+    def __init__(self, n_layer: int, batch: int, n_head: int, capacity: int, head_size: int, dtype, device):
+        shape = (batch, n_head, capacity, head_size)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.lengths = [0] * n_layer
+        self.batch = batch
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.lengths[layer_idx]
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        start = self.lengths[layer_idx]
+        end = start + key.shape[2]
+        if end > self.keys[layer_idx].shape[2]:
+            raise ValueError(f"the KVBuffer holds {self.keys[layer_idx].shape[2]} positions, {end} were given")
+        self.keys[layer_idx][:, :, start:end] = key
+        self.values[layer_idx][:, :, start:end] = value
+        self.lengths[layer_idx] = end
+        return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+
+
+class ThreadTuner:
+    """PyTorch's intra-op thread count for decode steps, adapted to the machine as it runs: the count the process
+    was given (`torch.get_num_threads()`) while steps run as they should, one thread for a while after a stall.
+
+    On a quiet machine every thread helps. Beside a busy process, a parallel region now and then waits for a
+    descheduled sibling thread (OpenMP spins, then sleeps): most decode steps still take their usual time, but one
+    in tens takes a scheduler time slice or more (40-130 ms instead of 1-3 ms), and a stream on 2 cores decoded 4-7x
+    slower on 2 threads than on one (`benchmarks/contention.py`, docs/serving.md). So a step `stall_factor` times
+    slower than usual (and at least `stall_floor` seconds) switches to one thread for `hold` steps, then the tuner
+    tries the full count again; each stall that follows doubles the hold (up to `max_hold`), and `hold` good steps
+    in a row at the full count reset it. `torch.set_num_threads` is process-wide: the tuner belongs to the one thread
+    that runs PyTorch (the process's shared runner). Given one thread, it does nothing.
+    """
+
+    def __init__(
+        self, stall_factor: float = 10.0, stall_floor: float = 0.02, hold: int = 1024, max_hold: int = 65536, clock=None
+    ):
+        self.most = self.current = torch.get_num_threads()
+        self.clock = clock or time.perf_counter
+        self.stall_factor, self.stall_floor = stall_factor, stall_floor
+        self.base_hold, self.max_hold = hold, max_hold
+        self.next_hold = hold
+        self.left = 0  # steps still to run on one thread
+        self.typical: float | None = None  # a running mean of a step's seconds at the full count, stalls left out
+        self.good = 0  # steps in a row without a stall at the full count
+        self.stalls = 0  # how many the tuner has seen (for benchmarks and tests)
+
+    def run(self, step):
+        """`step()` at the chosen thread count; returns what it returns."""
+        if self.most == 1:
+            return step()
+        if self.left > 0:
+            self.left -= 1
+            if self.left == 0:
+                self._use(self.most)  # try the full count again
+            return step()
+        start = self.clock()
+        out = step()
+        seconds = self.clock() - start
+        if self.typical is not None and seconds > max(self.stall_factor * self.typical, self.stall_floor):
+            self.stalls += 1
+            self._use(1)
+            self.left, self.next_hold = self.next_hold, min(2 * self.next_hold, self.max_hold)
+            self.good = 0
+        else:
+            self.typical = seconds if self.typical is None else 0.9 * self.typical + 0.1 * seconds
+            self.good += 1
+            if self.good >= self.base_hold:
+                self.next_hold = self.base_hold
+        return out
+
+    def _use(self, count: int) -> None:
+        if count != self.current:
+            torch.set_num_threads(count)
+            self.current = count
+
+
+class TorchBackend:
+    """Runs a `CharGPTForCausalLM` for the engine, with a preallocated `KVBuffer` as the cache.
+
+    On CPU the backend decodes through `decode_copy(model)`, which shares the model's weights but multiplies
+    them by a decode-friendly path (`DecodeLinear`); `decode_layout=False` runs `model` itself (put in eval mode).
+    `self.pretrained` is `model` as given (in eval mode), for everything else (attention maps, export); `self.model`
+    is what decodes. Inputs go to the model's device and logits come back as float32 numpy.
+    """
+
+    cache_type: type = KVBuffer  # what `new_cache` makes
+
+    def __init__(self, model: CharGPTForCausalLM, decode_layout: bool = True):
+        self.device = next(model.parameters()).device
+        self.dtype = model.get_input_embeddings().weight.dtype
+        self.pretrained = model.eval()
+        self.model = decode_copy(model) if decode_layout and self.device.type == "cpu" else model
+        config = model.config
+        self.config = config
+        self.block_size = config.block_size
+        self.vocab_size = config.vocab_size
+        self.description = f"the torch backend (PyTorch) of {model.name_or_path or type(model).__name__}"
+        self.tuner: ThreadTuner | None = None  # made on the first decode step, on the thread that decodes
+        self.plan: DecodePlan | bool | None = None  # made on the first decode step (False: none, see `DecodePlan.of`)
+
+    def new_cache(self, batch: int) -> KVBuffer:
+        c = self.config
+        return KVBuffer(c.n_layer, batch, c.n_head, c.block_size, c.head_size, self.dtype, self.device)
+
+    def new_batch(self, max_rows: int) -> TorchDecodeBatch:
+        """An empty batch of at most `max_rows` rows for the scheduler (`gpt_serve.generation.scheduler`)."""
+        return TorchDecodeBatch(self, max_rows)
+
+    @torch.inference_mode()
+    def forward(self, input_ids, attention_mask, position_ids, cache):
+        if cache is None:
+            cache = self.new_cache(input_ids.shape[0])
+        elif not isinstance(cache, self.cache_type):
+            expected, got = self.cache_type.__name__, type(cache).__name__
+            raise TypeError(f"cache must be None or the {expected} this backend returned, got {got}")
+        elif cache.batch != input_ids.shape[0]:
+            raise ValueError(f"the cache holds a batch of {cache.batch} rows, input_ids has {input_ids.shape[0]}")
+        return self.run(input_ids, attention_mask, position_ids, cache), cache
+
+    @torch.inference_mode()
+    def run(self, input_ids, attention_mask, position_ids, cache) -> np.ndarray:
+        """The decoding model on numpy inputs, extending `cache` in place; float32 logits (B, vocab) of the last
+        position. (`forward` checks the cache; a `TorchDecodeBatch` passes its own.)"""
+        ids, mask, positions = (int64_tensor(a, self.device) for a in (input_ids, attention_mask, position_ids))
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
+        )
+        return out.logits[:, -1].float().cpu().numpy()
+
+    def window_logits(self, input_ids: np.ndarray) -> np.ndarray:
+        """Logits (B, V) of the last token of B windows of ids (B, T) at positions 0..T-1, without a cache: the
+        full-window forward that exact mode runs for every token past `block_size`."""
+        ones = np.ones_like(input_ids)
+        return self.forward(input_ids, ones, np.tile(np.arange(input_ids.shape[1]), (len(ones), 1)), None)[0]
+
+    @torch.inference_mode()
+    def sequence_logits(self, ids: np.ndarray) -> np.ndarray:
+        """float32 logits (T, V) of every position of one window of ids (T,) at positions 0..T-1, no cache."""
+        x = int64_tensor(np.asarray(ids)[None], self.device)
+        return self.model(input_ids=x, use_cache=False).logits[0].float().cpu().numpy()
+
+    @torch.inference_mode()
+    def decode_step(self, tokens: np.ndarray, positions: np.ndarray, padding: np.ndarray, cache) -> np.ndarray:
+        """One new token per row on top of `cache` (a `BatchKV`): float32 logits (rows, vocab).
+
+        The decoding model's own tensors and modules in the order its forward runs them (`DecodePlan`), without the
+        forward's per-call work that a decode batch does not need: input checks (the scheduler checked the prompts,
+        and sampled ids and positions are in range by construction), the mask built from a 2-D attention_mask, the
+        output dataclass, the module calls: the per-call cost that dominates a step of a small model. The same
+        numbers as `run` (tested bit for bit). `padding` (rows, cache columns + 1) is True at each row's left
+        padding; with none, no mask at all, as the forward does for an all-ones mask."""
+        ids, pos = (int64_tensor(a, self.device) for a in (tokens, positions))
+        # The forward's own mask for one query over a 2-D key mask (boolean, True = may attend), or none where
+        # nothing is padded, as it does.
+        mask = torch.from_numpy(~padding).to(self.device)[:, None, None, :] if padding.any() else None
+        if self.plan is None:
+            self.plan = DecodePlan.of(self.model)
+        if self.plan:
+            return self.plan(ids, pos, mask, cache).float().cpu().numpy()
+        m = self.model.model  # another attention implementation (`eager`): the modules themselves, as the forward
+        x = m.drop(m.token_embedding_table(ids[:, None]) + m.position_embedding_table(pos[:, None]))
+        for block in m.blocks:
+            x = block(x, attention_mask=mask, cache=cache)
+        return self.model.lm_head(m.ln_f(x))[:, -1].float().cpu().numpy()
+
+
+class DecodePlan:
+    """A model's decode step (one new token per row, on a `BatchKV`) as one flat function over its tensors and modules:
+    what `CharGPTForCausalLM`'s forward computes for one query per row, in the same order with the same operations
+    (so the same numbers, bit for bit), without its module calls (`nn.Module.__call__`'s hooks and dispatch), its
+    cache and attention-registry lookups and its shape juggling: on CPU, a 16-row decode step of the shipped model
+    spent about a seventh of its time there (docs/benchmarks.md, "Figures behind design choices"). Every variant of
+    the lesson's ladder is covered (no projection, no feed-forward, no LayerNorm, no residual, GELU); attention is
+    PyTorch's fused kernel, as `decode_attention` calls it (`of` gives no plan for another implementation, `eager`:
+    the backend runs the modules then)."""
+
+    @classmethod
+    def of(cls, model: CharGPTForCausalLM) -> DecodePlan | bool:
+        """The plan of `model`, or False where its attention is not PyTorch's fused kernel."""
+        return cls(model) if model.config._attn_implementation in ("sdpa", DECODE_ATTENTION) else False
+
+    def __init__(self, model: CharGPTForCausalLM):
+        body, config = model.model, model.config
+        self.n_embd, self.n_head, self.head_size = config.n_embd, config.n_head, config.head_size
+        self.token_embeddings = body.token_embedding_table.weight
+        self.position_embeddings = body.position_embedding_table.weight
+        self.blocks = []
+        for block in body.blocks:
+            ffwd = None
+            if block.ffwd is not None:  # Linear, activation, Linear (without the eval-mode no-ops)
+                ffwd = [m.forward for m in block.ffwd.net if not isinstance(m, (nn.Dropout, nn.Identity))]
+            self.blocks.append(
+                (
+                    _call(block.ln1),
+                    block.sa.qkv.forward,
+                    _call(block.sa.proj),
+                    block.sa.scaling,
+                    _call(block.ln2),
+                    ffwd,
+                    block.residual,
+                )
+            )
+        self.final_norm = _call(body.ln_f)
+        self.head = model.lm_head.forward
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, kv) -> torch.Tensor:
+        """Logits (rows, vocab) of ids (rows,) at positions (rows,), with the key mask (rows, 1, 1, columns) or none,
+        extending `kv` (a `BatchKV`) by one column in place."""
+        x = F.embedding(ids, self.token_embeddings) + F.embedding(positions, self.position_embeddings)  # (B, C)
+        B, C, H, D = x.shape[0], self.n_embd, self.n_head, self.head_size
+        for i, (ln1, qkv, proj, scaling, ln2, ffwd, residual) in enumerate(self.blocks):
+            h = ln1(x) if ln1 else x
+            q, k, v = qkv(h).view(B, 3, H, 1, D).unbind(1)  # each (B, H, 1, hs): queries, keys, values of every head
+            k, v = kv.update(k, v, i)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)  # (B, H, 1, hs)
+            a = y.transpose(1, 2).reshape(B, C)  # the heads concatenated
+            if proj:
+                a = proj(a)
+            x = x + a if residual else a
+            if ffwd is not None:
+                f = ln2(x) if ln2 else x
+                for layer in ffwd:
+                    f = layer(f)
+                x = x + f if residual else f
+        return self.head(self.final_norm(x) if self.final_norm else x)
+
+
+def _call(module: nn.Module):
+    """A module's `forward` (None for an identity): called without `nn.Module.__call__`'s per-call work."""
+    return None if isinstance(module, nn.Identity) else module.forward
+
+
+class BatchKV(CacheSizes):
+    """The KV caches of a `TorchDecodeBatch`'s rows: per layer one buffer (max_rows, H, capacity, hs), allocated
+    once and zeroed (masked columns must hold finite numbers).
+
+    Rows are left-padded, as transformers' decoder contract has it: every row's tokens end at the shared column
+    `width` (the next one written), row r's own keys fill columns `[width - lengths[r], width)`, and a decode step
+    writes every row's new key at column `width`, in place. The model reads columns `[lo, width + T)`, `lo` the
+    first column any row still uses. When the columns run out, the used ones move back to the front (once every
+    `capacity - block_size` steps at the least). Implements the part of the `Cache` API the model calls.
+    """
+
+    def __init__(self, n_layer: int, max_rows: int, n_head: int, block_size: int, head_size: int, dtype, device):
+        shape = (max_rows, n_head, 2 * block_size, head_size)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.capacity = shape[2]
+        self.rows = 0
+        self.lengths = np.zeros(max_rows, dtype=np.int64)
+        self.width = self.lo = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.width - self.lo
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        n, end = self.rows, self.width + key.shape[2]
+        self.keys[layer_idx][:n, :, self.width : end] = key
+        self.values[layer_idx][:n, :, self.width : end] = value
+        return self.keys[layer_idx][:n, :, self.lo : end], self.values[layer_idx][:n, :, self.lo : end]
+
+    def _shift(self, to: int) -> None:
+        """Moves the used columns `[lo, width)` to start at column `to`."""
+        n, used = self.rows, self.width - self.lo
+        if to == self.lo or used == 0:
+            self.lo, self.width = to, to + used
+            return
+        for buffers in (self.keys, self.values):
+            for b in buffers:
+                b[:n, :, to : to + used] = b[:n, :, self.lo : self.width].clone()
+        self.lo, self.width = to, to + used
+
+    def reserve(self, columns_before: int, columns_after: int) -> None:
+        """Makes `width >= columns_before` (room for a new row's keys) and `width + columns_after <= capacity`."""
+        if self.width < columns_before:
+            self._shift(self.lo + columns_before - self.width)
+        if self.width + columns_after > self.capacity:
+            self._shift(max(0, columns_before - (self.width - self.lo)))
+
+    def set_rows(self, first: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Writes rows `first`, `first + 1`, ...'s keys/values (each (k, H, L, hs), per layer) to end at column
+        `width`."""
+        k, L = keys[0].shape[0], keys[0].shape[2]
+        for buffers, new in ((self.keys, keys), (self.values, values)):
+            for b, t in zip(buffers, new, strict=True):
+                b[first : first + k, :, self.width - L : self.width] = t
+        self.lengths[first : first + k] = L
+
+    def move_row(self, src: int, dst: int) -> None:
+        for buffers in (self.keys, self.values):
+            for b in buffers:
+                b[dst, :, self.lo : self.width] = b[src, :, self.lo : self.width]
+        self.lengths[dst] = self.lengths[src]
+
+    def refresh_lo(self) -> None:
+        self.lo = self.width - int(self.lengths[: self.rows].max()) if self.rows else self.width
+
+
+class TorchDecodeBatch:
+    """Rows decoding together on a `TorchBackend` (see `gpt_serve.generation.scheduler.DecodeBatch`): a new row is
+    prefilled alone and its keys copied into the shared `BatchKV`; a step decodes one token for every row."""
+
+    def __init__(self, backend: TorchBackend, max_rows: int):
+        c = backend.config
+        self.backend = backend
+        self.kv = BatchKV(c.n_layer, max_rows, c.n_head, c.block_size, c.head_size, backend.dtype, backend.device)
+        self.max_rows = max_rows
+
+    def __len__(self) -> int:
+        return self.kv.rows
+
+    def add(self, ids) -> np.ndarray:
+        return self.add_rows([ids])[0]
+
+    def add_rows(self, windows) -> np.ndarray:
+        kv = self.kv
+        ids = np.asarray(windows, dtype=np.int64)  # (k, L)
+        k, L = ids.shape
+        if kv.rows + k > self.max_rows:
+            raise ValueError(f"the batch holds {self.max_rows} rows at most")
+        logits, cache = self.backend.forward(ids, np.ones_like(ids), np.tile(np.arange(L), (k, 1)), None)
+        kv.reserve(L, 1)
+        kv.set_rows(kv.rows, [t[:, :, :L] for t in cache.keys], [t[:, :, :L] for t in cache.values])
+        kv.rows += k
+        kv.refresh_lo()
+        return logits
+
+    def remove(self, row: int) -> None:
+        kv = self.kv
+        if not 0 <= row < kv.rows:
+            raise IndexError(f"no row {row} in a batch of {kv.rows}")
+        if row != kv.rows - 1:
+            kv.move_row(kv.rows - 1, row)  # the last row takes its place
+        kv.rows -= 1
+        kv.refresh_lo()
+
+    @torch.inference_mode()
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        kv, n = self.kv, self.kv.rows
+        kv.reserve(0, 1)
+        lengths = kv.lengths[:n]
+        columns = kv.width - kv.lo + 1
+        padding = np.arange(columns)[None, :] < columns - 1 - lengths[:, None]  # (n, columns): each row's left padding
+        backend = self.backend
+        if backend.tuner is None:
+            backend.tuner = ThreadTuner(stall_factor=float("inf") if backend.device.type != "cpu" else 10.0)
+        logits = backend.tuner.run(lambda: backend.decode_step(tokens, lengths, padding, kv))
+        kv.width += 1
+        kv.lengths[:n] += 1
+        return logits

@@ -1,0 +1,1 @@
+"""Serving: registry, OpenAI API, protocol, limits, metrics, chat, Ray Serve."""

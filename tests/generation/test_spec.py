@@ -1,0 +1,116 @@
+"""The request specification: one table of fields, one parser, one set of messages (every surface parses into it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from demo.browser import WEB_DIR
+from gpt_serve.generation.fields import FIELDS, MAX_NEW_TOKENS, MAX_SEED, RANDOM_SEEDS, RequestError
+from gpt_serve.generation.spec import parse_request, spec_json
+
+
+def test_defaults():
+    r = parse_request({})
+    assert (r.prompt, r.max_new_tokens, r.temperature, r.top_k, r.top_p) == ("", 256, 1.0, 0, 1.0)
+    assert (r.window_mode, r.refill_tokens, r.unk_policy, r.stop, r.backend, r.model) == (
+        "refill",
+        None,
+        "error",
+        (),
+        None,
+        None,
+    )
+    assert r.seed_was_random and 0 <= r.seed < RANDOM_SEEDS
+    assert r.sampling.top_k is None and r.sampling.temperature == 1.0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_new_tokens": 1},
+        {"max_new_tokens": MAX_NEW_TOKENS},
+        {"max_tokens": 5.0},
+        {"temperature": 0},
+        {"temperature": 2},
+        {"top_p": 1e-9},
+        {"top_k": 1_000_000},
+        {"seed": 0},
+        {"seed": MAX_SEED},
+        {"stop": ["a", "b", "c", "d" * 100]},
+        {"window_mode": "refill", "refill_tokens": 3},
+        {"backend": "PyTorch"},
+        {"backend": "int8"},
+    ],
+)
+def test_values_at_the_edges_are_accepted(fields):
+    parse_request(fields)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"max_new_tokens": 0}, r"max_new_tokens must be an integer in [1, 100000], got 0"),
+        ({"max_tokens": MAX_NEW_TOKENS + 1}, r"max_new_tokens must be an integer in [1, 100000], got 100001"),
+        ({"max_tokens": 2.5}, r"max_new_tokens must be an integer in [1, 100000], got 2.5"),
+        ({"max_tokens": "5"}, r"max_new_tokens must be an integer in [1, 100000], got '5'"),
+        ({"max_tokens": True}, r"max_new_tokens must be an integer in [1, 100000], got True"),
+        ({"temperature": 2.0001}, r"temperature must be a number in [0, 2] (0 = greedy), got 2.0001"),
+        ({"temperature": float("inf")}, r"temperature must be a number in [0, 2] (0 = greedy), got inf"),
+        ({"temperature": 1e-400}, None),  # 0.0 after JSON: greedy, accepted
+        ({"top_p": 0}, r"top_p must be a number in (0, 1], got 0"),
+        ({"seed": MAX_SEED + 1}, r"seed must be an integer in [0, 9007199254740991] (null or -1 = random), got 9007"),
+        ({"seed": 10**400}, r"seed must be an integer in [0, 9007199254740991] (null or -1 = random), got 1000"),
+        ({"seed": -2}, r"seed must be an integer in [0, 9007199254740991] (null or -1 = random), got -2"),
+        ({"stop": ["a"] * 5}, "stop must be a string or a list of at most 4 non-empty strings of at most 100"),
+        ({"stop": [""]}, "stop must be a string or a list of at most 4 non-empty strings"),
+        ({"window_mode": "slide"}, "window_mode must be one of ['exact', 'refill'], got 'slide'"),
+        ({"window_mode": "exact", "refill_tokens": 3}, "refill_tokens applies only with window_mode 'refill'"),
+        ({"unk_policy": "ignore"}, "unk_policy must be one of ['error', 'drop', 'replace'], got 'ignore'"),
+        ({"backend": ["torch"]}, "backend must be one of 'torch' (PyTorch), 'onnx' (ONNX Runtime fp32)"),
+        ({"prompt": "x" * 10_001}, "prompt is 10,001 characters long; the limit is 10,000"),
+        ({"prompt": 5}, "prompt must be text, got int"),
+        ({"nucleus": 0.1}, "unknown field 'nucleus'; the fields are ['prompt', 'max_new_tokens'"),
+        ({"presence_penalty": 2.5}, "presence_penalty must be a number in [-2, 2] (0 = off), got 2.5"),
+        ({"min_p": -0.1}, "min_p must be a number in [0, 1] (0 = off), got -0.1"),
+        ({"logprobs": 21}, "logprobs must be an integer in [0, 20], got 21"),
+        ({"max_tokens": 5, "max_new_tokens": 5}, "max_tokens and max_new_tokens are the same field: give one of them"),
+    ],
+)
+def test_bad_values_are_refused_by_name(fields, message):
+    if message is None:
+        assert parse_request(fields).temperature == 0.0
+        return
+    with pytest.raises(RequestError) as e:
+        parse_request(fields)
+    assert str(e.value).startswith(message), str(e.value)
+    assert len(str(e.value)) < 300  # a huge value is cut short in the message
+
+
+def test_the_field_is_named_for_the_wire_formats():
+    with pytest.raises(RequestError) as e:
+        parse_request({"max_tokens": 0})
+    assert e.value.field == "max_new_tokens"
+
+
+def test_seeds():
+    assert {parse_request({"seed": s}).seed_was_random for s in (None, -1, -1.0)} == {True}
+    r = parse_request({"seed": 7})
+    assert (r.seed, r.seed_was_random, r.seed_for(0), r.seed_for(2)) == (7, False, 7, 9)
+    assert parse_request({"seed": MAX_SEED}).seed_for(1) == 0  # wraps inside the range
+
+
+def test_a_server_lowers_max_new_tokens():
+    with pytest.raises(RequestError, match=r"max_new_tokens must be an integer in \[1, 50\], got 51"):
+        parse_request({"max_new_tokens": 51}, max_new_tokens_limit=50)
+    assert parse_request({"max_new_tokens": 50}, max_new_tokens_limit=50).max_new_tokens == 50
+
+
+def test_the_browser_pages_limits_are_the_table():
+    """demo/web/limits.json is `spec_json()`, written by
+    `python -c "from gpt_serve.generation.spec import spec_json; print(spec_json(), end='')" > demo/web/limits.json`."""
+    text = (WEB_DIR / "limits.json").read_text(encoding="utf-8")
+    assert text == spec_json(), "regenerate demo/web/limits.json (the command is in this test's docstring)"
+    assert list(json.loads(text)) == [f.name for f in FIELDS]
+    assert json.loads(text)["seed"]["hi"] == MAX_SEED == 2**53 - 1  # what a JavaScript number holds exactly

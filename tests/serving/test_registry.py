@@ -1,0 +1,122 @@
+"""The model registry: names, folders, backends by key or label, loading once, without a server."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpt_serve.serving.registry import (
+    ModelRegistry,
+    ModelUnavailable,
+    RequestError,
+    parse_model_dir,
+    resolve_backend,
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        ("torch", "torch"),
+        ("PyTorch", "torch"),
+        ("pytorch", "torch"),
+        ("onnx", "onnx"),
+        ("ONNX Runtime fp32", "onnx"),
+        ("onnx-fp32", "onnx"),
+        ("onnx-int8", "onnx-int8"),
+        (" ONNX Runtime int8 ", "onnx-int8"),
+        ("int8", "onnx-int8"),
+    ],
+)
+def test_backend_names_keys_and_labels(value, key):
+    assert resolve_backend(value) == key
+
+
+@pytest.mark.parametrize("value", ["cuda", "", None, 3])
+def test_unknown_backends_are_refused_with_the_choices(value):
+    with pytest.raises(RequestError, match="backend must be one of 'torch' \\(PyTorch\\), 'onnx'"):
+        resolve_backend(value)
+
+
+def test_discovery_lists_expected_models_even_when_missing(models_root, tiny_model_dir):
+    registry = ModelRegistry.discover([f"mine={tiny_model_dir}"], models_root=models_root)
+    assert registry.names == ["shakespeare", "ladder-a", "ladder-b", "ladder-c", "ladder-d", "ladder-e", "mine", "tiny"]
+    assert registry.available == ["ladder-a", "ladder-b", "mine", "tiny"]
+    assert registry.default_model() == "ladder-a"  # no shakespeare here: the first model present
+    assert registry.folder("mine") == tiny_model_dir
+    with pytest.raises(ModelUnavailable, match=f"no model folder at {models_root / 'shakespeare'}"):
+        registry.folder("shakespeare")
+    with pytest.raises(ModelUnavailable, match="trained by `python -m training.ladder`"):
+        registry.default_model("ladder-d")
+
+
+def test_model_dir_specs(tiny_model_dir, tmp_path):
+    assert parse_model_dir(str(tiny_model_dir)) == (tiny_model_dir.name, tiny_model_dir)
+    assert parse_model_dir(f"my-model={tiny_model_dir}") == ("my-model", tiny_model_dir)
+    with pytest.raises(ValueError, match="is not a model folder"):
+        parse_model_dir(str(tmp_path))
+
+
+def test_missing_onnx_files_are_reported_without_loading(registry):
+    assert registry.unavailable_reason("tiny", "onnx") is None
+    reason = registry.unavailable_reason("ladder-b", "onnx-int8")
+    assert "ONNX Runtime int8 is not available for model 'ladder-b'" in reason
+    assert "onnx/model_quantized.onnx is missing; export it with `python -m export" in reason
+
+
+def test_preload_warms_up_the_default_model_or_says_why_it_cannot(models_root):
+    registry = ModelRegistry.discover(models_root=models_root, threads=1)
+    try:
+        model = registry.default_model()
+        loaded, line = registry.preload("torch")
+        assert loaded and line.startswith(f"{model}/torch loaded and warmed up in ")
+        assert (model, "torch") in registry.schedulers() and registry.schedulers()[(model, "torch")].tokens == 8
+    finally:
+        registry.close()
+    no_int8 = ModelRegistry({"ladder-b": models_root / "ladder-b"}, threads=1)
+    try:
+        loaded, line = no_int8.preload("onnx-int8")
+        assert not loaded and line.startswith("ladder-b/onnx-int8 not preloaded: ONNX Runtime int8 is not available")
+        assert not no_int8.schedulers()
+    finally:
+        no_int8.close()
+
+
+def test_preload_says_why_a_model_with_broken_weights_cannot_be_loaded(models_root, tmp_path):
+    """Files present but unreadable pass `unavailable_reason`; loading them fails, and preload says so instead of
+    stopping the server."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(models_root / "ladder-a", broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    registry = ModelRegistry({"broken": broken}, threads=1)
+    try:
+        loaded, line = registry.preload("torch")
+        assert not loaded and line.startswith("broken/torch not preloaded: PyTorch cannot serve model 'broken'")
+    finally:
+        registry.close()
+
+
+def test_pytorch_models_load_and_decode_on_one_thread_onnx_on_their_own(models_root, monkeypatch):
+    """Every PyTorch model of a process is loaded and decoded on the shared runner's thread (a second OpenMP thread
+    team slows each decode step up to 3x: see `scheduler.Runner`); ONNX Runtime schedulers get a thread each."""
+    import threading
+
+    import gpt_serve.serving.registry as registry_module
+
+    def thread_name() -> str:
+        return threading.current_thread().name
+
+    loads, load = [], registry_module.load_backend
+    monkeypatch.setattr(registry_module, "load_backend", lambda *a: (loads.append((a[1], thread_name())), load(*a))[1])
+    registry = ModelRegistry.discover(models_root=models_root, threads=1)
+    try:
+        torch_a, torch_b = (registry.scheduler(name, "torch") for name in ("tiny", "ladder-a"))
+        onnx_a, onnx_b = (registry.scheduler("tiny", key) for key in ("onnx", "onnx-int8"))
+        assert torch_a.call(thread_name) == torch_b.call(thread_name) == "gpt-serve-torch"
+        assert onnx_a.call(thread_name) == onnx_b.call(thread_name) == "gpt-serve-scheduler"
+        assert torch_a._runner is torch_b._runner and onnx_a._runner is not onnx_b._runner
+        assert loads == [("torch", "gpt-serve-torch")] * 2 + [(key, "MainThread") for key in ("onnx", "onnx-int8")]
+    finally:
+        registry.close()
+    assert torch_a.closed and onnx_a.closed
