@@ -31,6 +31,8 @@ import gradio as gr
 from starlette.middleware import Middleware
 
 from gpt_serve.generation import BACKENDS
+from gpt_serve.generation.fields import DEFAULT_BACKEND
+from gpt_serve.generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
 from gpt_serve.serving.limits import BodyLimits, ServerLimits, body_limits
 from gpt_serve.serving.registry import ModelRegistry
 
@@ -124,12 +126,12 @@ def build_demo(
     registry: ModelRegistry | None = None,
     *,
     default_model: str | None = None,
-    default_backend: str = "torch",
+    default_backend: str = DEFAULT_BACKEND,
     limits: Limits | None = None,
     stream_interval: float = 0.05,
     max_updates_per_second: float | None = 200.0,
-    concurrency: int = 16,
-    max_queue: int | None = 256,
+    concurrency: int = DEFAULT_MAX_BATCH,
+    max_queue: int | None = DEFAULT_MAX_QUEUE,
     activity: Activity | None = None,
 ) -> gr.Blocks:
     """The demo's Blocks, queue configured. Loads nothing.

@@ -37,7 +37,8 @@ from gpt_serve.cli import (
     thread_count,
 )
 from gpt_serve.generation import BACKENDS
-from gpt_serve.generation.fields import MAX_NEW_TOKENS
+from gpt_serve.generation.fields import DEFAULT_BACKEND, MAX_NEW_TOKENS
+from gpt_serve.generation.scheduler import DEFAULT_MAX_BATCH
 from gpt_serve.models import MODELS_DIR
 
 # The demo's largest request by default: a slider a visitor can set to the token (1 to 2,000 over a few hundred
@@ -75,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--backend",
         choices=list(BACKENDS),
-        default="torch",
+        default=DEFAULT_BACKEND,
         help="backend selected when the page opens (default torch)",
     )
     p.add_argument(
@@ -87,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--concurrency",
         type=positive_int,
-        default=16,
-        help="generations running at once, batched per model and backend (default 16)",
+        default=DEFAULT_MAX_BATCH,
+        help=f"generations running at once, batched per model and backend (default {DEFAULT_MAX_BATCH})",
     )
     p.add_argument(
         "--max-new-tokens-limit",

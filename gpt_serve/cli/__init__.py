@@ -34,8 +34,9 @@ from ..chargpt.vocab import UNK_POLICIES
 from ..extras import MissingDependency, missing_base, missing_extra
 from ..generation import BACKENDS, WINDOW_MODES, EngineError, load_backend, parse_request
 from ..generation.backends.threads import check_threads
-from ..generation.fields import FIELDS_BY_NAME, MAX_NEW_TOKENS
+from ..generation.fields import DEFAULT_BACKEND, FIELDS_BY_NAME, MAX_NEW_TOKENS
 from ..generation.inline import inline_scheduler
+from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
 from ..generation.text import TextStream
 from ..models import DEFAULT_MODEL
 from ..serving.server_limits import ServerLimits
@@ -516,7 +517,7 @@ def build_parser(apps: dict[str, EntryPoint] | None = None) -> argparse.Argument
         "--refill-tokens", type=int, default=None, help="tokens kept by --window-mode refill (none: block_size // 2)"
     )
     g.add_argument("--unk-policy", choices=UNK_POLICIES, default="error", help="characters outside the vocabulary")
-    g.add_argument("--backend", default="torch", help=f"what computes the logits: {', '.join(BACKENDS)}")
+    g.add_argument("--backend", default=DEFAULT_BACKEND, help=f"what computes the logits: {', '.join(BACKENDS)}")
     g.add_argument("--threads", type=thread_count, default=None, help="threads per forward pass (none: all CPUs)")
     g.add_argument("--no-echo", action="store_true", help="do not print the prompt before the continuation")
     g.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
@@ -554,11 +555,12 @@ def _serve_parser(sub) -> None:
     s.add_argument("--port", type=tcp_port, default=8000)
     s.add_argument("--models-root", default=str(MODELS_DIR), help="folder whose sub-folders are the models")
     s.add_argument("--model-dir", action="append", default=[], metavar="[NAME=]PATH", help="add a model folder")
-    s.add_argument("--backend", choices=list(BACKENDS), default="torch", help="when a request names none")
+    s.add_argument("--backend", choices=list(BACKENDS), default=DEFAULT_BACKEND, help="when a request names none")
     threads = "threads per forward pass (none: all CPUs; with --ray: the replica's CPUs)"
     s.add_argument("--threads", type=thread_count, default=None, help=threads)
-    s.add_argument("--max-batch", type=positive_int, default=16, help="requests decoded at once, per model")
-    s.add_argument("--max-queue", type=positive_int, default=256, help="requests waiting; past it: 429")
+    batch = "requests decoded at once, per model"
+    s.add_argument("--max-batch", type=positive_int, default=DEFAULT_MAX_BATCH, help=batch)
+    s.add_argument("--max-queue", type=positive_int, default=DEFAULT_MAX_QUEUE, help="requests waiting; past it: 429")
     s.add_argument(
         "--max-tokens-limit",
         type=max_tokens_limit,

@@ -16,6 +16,7 @@ from ..chargpt.window import DEFAULT_WINDOW_MODE, WINDOW_MODES
 
 # key -> what a UI shows. The keys are what `gpt-serve generate --backend`, the demo and the APIs take.
 BACKENDS = {"torch": "PyTorch", "onnx": "ONNX Runtime fp32", "onnx-int8": "ONNX Runtime int8"}
+DEFAULT_BACKEND = "torch"  # what a surface computes with when neither its user nor its request names a backend
 # other names a request may give a backend by (`resolve_backend`), on every surface
 BACKEND_ALIASES = {"pytorch": "torch", "onnx-fp32": "onnx", "onnxruntime": "onnx", "fp32": "onnx", "int8": "onnx-int8"}
 MAX_PROMPT_CHARS = 10_000

@@ -64,6 +64,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["EngineError", "InlineRunner", "Request", "Runner", "Scheduler", "Scoring", "ServerBusy", "Stream"]
 __all__ += ["check_prompt_ids", "torch_runner"]
 
+DEFAULT_MAX_BATCH = 16  # rows decoding together, every surface's default (`gpt-serve serve --max-batch`)
+DEFAULT_MAX_QUEUE = 256  # requests waiting for a row before the next is refused (a 429)
 MAX_TOKENS_PER_STEP = 4096  # the default budget of one iteration's forward work (see the module docstring)
 
 
@@ -108,8 +110,8 @@ class Scheduler:
     def __init__(
         self,
         backend: Backend,
-        max_batch: int = 16,
-        max_queue: int = 256,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_queue: int = DEFAULT_MAX_QUEUE,
         max_prefills_per_step: int | None = None,
         max_recompute_per_step: int = 4,
         max_tokens_per_step: int = MAX_TOKENS_PER_STEP,

@@ -44,7 +44,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
 from .. import __version__
-from ..generation.fields import RequestError, check_value, show_value
+from ..generation.fields import DEFAULT_BACKEND, RequestError, check_value, show_value
 from ..generation.requests import EngineError, ServerBusy
 from ..generation.text import TextStream, encode_prompt
 from .limits import BodyLimits, Drain, KeyGate, ServerLimits, bears_key, body_limits, open_paths, parse_json
@@ -144,7 +144,7 @@ def _bears(http: Request, api_key: str) -> bool:
 
 def create_router(
     registry: ModelRegistry,
-    default_backend: str = "torch",
+    default_backend: str = DEFAULT_BACKEND,
     max_tokens_limit: int | None = None,
     api_key: str | None = None,
     metrics_need_key: bool = False,

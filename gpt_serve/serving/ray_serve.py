@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..extras import missing_extra
 from ..generation.backends.loading import check_backend_key
-from ..generation.fields import MAX_NEW_TOKENS
+from ..generation.fields import DEFAULT_BACKEND, MAX_NEW_TOKENS
+from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
 from ..models import MODELS_DIR, discover
 from .registry import ModelRegistry
 from .server_limits import BODY_TIMEOUT, MAX_BODY_BYTES, ServerLimits
@@ -50,9 +51,11 @@ class RayServeOptions(BaseModel):
     threads: int | None = Field(None, ge=1, description="threads per forward pass (None: replica_cpus, at least 1)")
     models_root: str | None = Field(None, description="folder of model folders (None: the shipped models)")
     model_dirs: tuple[str, ...] = Field((), description="more model folders: NAME=PATH or PATH")
-    backend: str = Field("torch", description="the backend of a request that names none")
-    max_batch: int = Field(16, ge=1, description="requests each replica runs at once, over all its models")
-    max_queue: int = Field(256, ge=1, description="requests Ray's proxy holds when every replica is full")
+    backend: str = Field(DEFAULT_BACKEND, description="the backend of a request that names none")
+    max_batch: int = Field(
+        DEFAULT_MAX_BATCH, ge=1, description="requests each replica runs at once, over all its models"
+    )
+    max_queue: int = Field(DEFAULT_MAX_QUEUE, ge=1, description="requests Ray's proxy holds when every replica is full")
     max_tokens_limit: int = Field(
         MAX_NEW_TOKENS, ge=1, le=MAX_NEW_TOKENS, description="the largest max_tokens accepted"
     )

@@ -23,7 +23,7 @@ from typing import Any
 from ..folders.corpus import CorpusRecord, corpus_record_or_none
 from ..generation.backends.loading import LoadedModel, load_backend
 from ..generation.fields import BACKENDS, RequestError, resolve_backend, show_value
-from ..generation.scheduler import Request, Scheduler, torch_runner
+from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, Request, Scheduler, torch_runner
 from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
 
 logger = logging.getLogger(__name__)
@@ -88,8 +88,8 @@ class ModelRegistry:
         folders: Mapping[str, str | Path | None],
         threads: int | None = 1,
         models_root: str | Path = MODELS_DIR,
-        max_batch: int = 16,
-        max_queue: int = 256,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_queue: int = DEFAULT_MAX_QUEUE,
     ):
         if not folders:
             raise ValueError("a ModelRegistry needs at least one model name")
