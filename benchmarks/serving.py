@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if sys.path and Path(sys.path[0]).resolve() == ROOT / "benchmarks":
     sys.path[0] = str(ROOT)  # the repository's packages, not this folder's scripts
 
-from gpt_serve.cli import non_negative_float  # noqa: E402
+from gpt_serve.cli.flags import non_negative_float  # noqa: E402
 from gpt_serve.generation import SamplingParams  # noqa: E402
 from gpt_serve.generation.scheduler import Request, Scheduler  # noqa: E402
 from gpt_serve.models import model_path  # noqa: E402

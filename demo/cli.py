@@ -21,20 +21,22 @@ import signal
 import sys
 import time
 
-from gpt_serve.cli import (
-    add_api_arguments,
-    add_limit_arguments,
+from gpt_serve.cli.flags import (
     add_progress_argument,
-    api_options,
-    check_port_free,
-    interrupt,
     max_tokens_limit,
     non_negative_float,
     positive_int,
     quiet_model_loading,
-    server_limits,
     tcp_port,
     thread_count,
+)
+from gpt_serve.cli.server_flags import (
+    add_api_arguments,
+    add_limit_arguments,
+    api_options,
+    check_port_free,
+    interrupt,
+    server_limits,
 )
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.fields import DEFAULT_BACKEND, MAX_NEW_TOKENS

@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from gpt_serve.cli import add_progress_argument, quiet_model_loading, thread_count
+from gpt_serve.cli.flags import add_progress_argument, quiet_model_loading, thread_count
 from gpt_serve.models import DEFAULT_MODEL
 
 from .onnx_export import OPSET

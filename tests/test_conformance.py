@@ -186,6 +186,7 @@ def library(s, loaded, backend, f):
 
 def cli(s, loaded, backend, f):
     from gpt_serve import cli as cli_module
+    from gpt_serve.cli import generate as generate_command
 
     argv = ["generate", MODEL, "--no-echo", f"--prompt={f.get('prompt', '')}", f"--backend={backend}"]
     for key, flag in [
@@ -204,13 +205,13 @@ def cli(s, loaded, backend, f):
     for stop in f.get("stop", ()):
         argv.append(f"--stop={stop}")
     out, err = io.StringIO(), io.StringIO()
-    original = cli_module.load_backend
-    cli_module.load_backend = lambda model, key, threads: loaded[key]  # the model is loaded once for all cases
+    original = generate_command.load_backend
+    generate_command.load_backend = lambda model, key, threads: loaded[key]  # the model is loaded once for all cases
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = cli_module.main(argv)
     finally:
-        cli_module.load_backend = original
+        generate_command.load_backend = original
     if code != 0:
         message = err.getvalue().strip()
         assert message.startswith("gpt-serve: error: ") and code == 2, message

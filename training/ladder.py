@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpt_serve.cli import add_progress_argument, thread_count
+from gpt_serve.cli.flags import add_progress_argument, thread_count
 from gpt_serve.folders.corpus import load_text
 
 from .cli import invocation, program_name, report_error, setup_logging

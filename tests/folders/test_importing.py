@@ -384,9 +384,9 @@ def test_the_command_writes_an_onnx_export_that_validates(tmp_path, lesson, nano
 
 
 def test_without_the_export_app_the_folder_is_written_and_the_command_says_how(tmp_path, lesson, monkeypatch, capsys):
-    import gpt_serve.cli as cli
+    import gpt_serve.cli.apps
 
-    monkeypatch.setattr(cli, "app_commands", lambda: {})
+    monkeypatch.setattr(gpt_serve.cli.apps, "app_commands", lambda: {})
     source = save_lesson(lesson, tmp_path / "gpt.pt")
     assert main(["import", str(source), str(tmp_path / "model"), "--threads", "1"]) == 0
     err = capsys.readouterr().err

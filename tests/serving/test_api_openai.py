@@ -260,7 +260,7 @@ def test_the_demos_mounted_api_takes_the_same_access_options(models_root):
     from fastapi.testclient import TestClient
 
     from demo.cli import build_parser, mount_api
-    from gpt_serve.cli import api_options
+    from gpt_serve.cli.server_flags import api_options
 
     args = build_parser().parse_args(["--api-key", "k2", "--allow-origin", "https://page.example"])
     app = FastAPI()
@@ -275,7 +275,8 @@ def test_the_demos_mounted_api_takes_the_same_access_options(models_root):
 
 
 def test_the_api_key_comes_from_the_environment_too(monkeypatch):
-    from gpt_serve.cli import API_KEY_ENV, api_options, build_parser
+    from gpt_serve.cli import build_parser
+    from gpt_serve.cli.server_flags import API_KEY_ENV, api_options
 
     monkeypatch.setenv(API_KEY_ENV, "from-env")
     args = build_parser().parse_args(["serve"])

@@ -129,9 +129,9 @@ def test_invocation_names_how_the_trainer_was_launched(monkeypatch):
 
 def test_gpt_serve_dispatches_train_and_ladder_here():
     """`gpt-serve train|ladder` reach this package through its entry points, under its installed name."""
-    from gpt_serve import cli as gpt_cli
+    from gpt_serve.cli.apps import app_commands
 
-    apps = gpt_cli.app_commands()
+    apps = app_commands()
     assert apps["train"].value == "gpt_serve_training.cli:main"
     assert apps["ladder"].value == "gpt_serve_training.ladder:main"
     assert callable(apps["train"].load()) and callable(cli.main)

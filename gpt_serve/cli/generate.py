@@ -1,0 +1,113 @@
+"""`gpt-serve generate [MODEL]`: stream a model's continuation of a prompt to stdout, every field checked by the
+request specification before anything loads, as a server checks it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ..chargpt.vocab import UNK_POLICIES
+from ..generation import BACKENDS, WINDOW_MODES, load_backend, parse_request
+from ..generation.fields import DEFAULT_BACKEND, FIELDS_BY_NAME
+from ..generation.inline import inline_scheduler
+from ..generation.text import TextStream
+from ..models import DEFAULT_MODEL
+from .flags import add_verbose_and_progress, thread_count
+
+# `gpt-serve generate`'s flags that are fields of the request specification (`--max-new-tokens` is max_new_tokens)
+GENERATE_FIELDS = (
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "window_mode",
+    "refill_tokens",
+    "unk_policy",
+    "backend",
+)
+
+
+CLI_UNK_HINT = "pass --unk-policy replace (each becomes a space) or --unk-policy drop"
+
+
+def default_prompt(model) -> str:
+    """`gpt-serve generate`'s prompt when none is given: the model's first sample prompt (its folder's
+    corpus.json), else the empty prompt (the text after a newline; also when that record is broken, a warning says
+    so: the model generates all the same, as the demo serves it)."""
+    from ..folders.corpus import corpus_record_or_none
+    from ..models import model_path
+
+    record = corpus_record_or_none(model_path(model))
+    return record.default_prompt if record is not None else ""
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = default_prompt(args.model) if prompt is None else prompt
+    # every field checked by the request specification before anything loads, as a server checks it
+    request = parse_request({**{name: getattr(args, name) for name in GENERATE_FIELDS}, "prompt": prompt})
+    loaded = load_backend(args.model, request.backend, args.threads)
+    # refuses unknown characters here, naming the flag that accepts them
+    text = TextStream(inline_scheduler(loaded.backend), loaded.vocab, request, unk_hint=CLI_UNK_HINT)
+    out = sys.stdout
+    start = time.perf_counter()
+    if not args.no_echo:
+        out.write(prompt)
+    for piece in text:
+        out.write(piece)
+        out.flush()
+    out.write("\n")
+    if args.stats:
+        elapsed = time.perf_counter() - start
+        rate = text.tokens / max(elapsed, 1e-9)
+        print(f"[{text.tokens} tokens in {elapsed:.2f} s, {rate:.1f} tokens/s, {request.backend}]", file=sys.stderr)
+    return 0
+
+
+def _default(field: str):
+    return FIELDS_BY_NAME[field].default
+
+
+def add_parser(sub) -> None:
+    g = sub.add_parser(
+        "generate", help="stream text from a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    g.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="shipped model name or model folder")
+    g.add_argument(
+        "--prompt",
+        default=None,
+        help='the text to continue ("-" reads stdin; empty starts from a newline; default: the model\'s first '
+        "sample prompt, from its folder's corpus.json, else empty)",
+    )
+    _add_sampling_arguments(g)
+    g.add_argument("--backend", default=DEFAULT_BACKEND, help=f"what computes the logits: {', '.join(BACKENDS)}")
+    g.add_argument("--threads", type=thread_count, default=None, help="threads per forward pass (none: all CPUs)")
+    g.add_argument("--no-echo", action="store_true", help="do not print the prompt before the continuation")
+    g.add_argument("--stats", action="store_true", help="print tokens/s to stderr")
+    add_verbose_and_progress(g)
+    g.set_defaults(func=run)
+
+
+def _add_sampling_arguments(g) -> None:
+    """The request's fields but `--backend`: how many characters, how they are drawn, past the window, unknowns."""
+    g.add_argument("--max-new-tokens", type=int, default=_default("max_new_tokens"), help="characters to generate")
+    g.add_argument("--temperature", type=float, default=_default("temperature"), help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=_default("top_k"), help="keep the k most likely characters (0: all)")
+    g.add_argument("--top-p", type=float, default=_default("top_p"), help="nucleus sampling (1 = off)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (none: random)")
+    g.add_argument("--stop", action="append", default=None, help="end the text before this string (up to 4 times)")
+    g.add_argument(
+        "--window-mode",
+        choices=WINDOW_MODES,
+        default=_default("window_mode"),
+        help="past block_size: refill (fast: the cache restarts from the last tokens) or exact (the lesson's window)",
+    )
+    g.add_argument(
+        "--refill-tokens", type=int, default=None, help="tokens kept by --window-mode refill (none: block_size // 2)"
+    )
+    g.add_argument("--unk-policy", choices=UNK_POLICIES, default="error", help="characters outside the vocabulary")

@@ -1,0 +1,93 @@
+"""What `gpt-serve serve` and the demo share as servers of the OpenAI-compatible API: its access flags
+(`add_api_arguments`, read by `api_options`), the server's bounds (`add_limit_arguments`, read by `server_limits`),
+the port check before any model loads (`check_port_free`) and the SIGTERM handler (`interrupt`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+
+from ..serving.server_limits import ServerLimits
+from .flags import positive_float, positive_int
+
+API_KEY_ENV = "GPT_SERVE_API_KEY"
+
+
+def add_api_arguments(parser) -> None:
+    """The OpenAI-compatible API's access flags, the same for `gpt-serve serve` and the demo."""
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"every API route but /health then needs 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, if set)",
+    )
+    parser.add_argument(
+        "--metrics-need-key", action="store_true", help="/metrics needs the API key too (default: open, as /health)"
+    )
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let a browser page from ORIGIN (e.g. https://example.org) call the API (CORS); repeatable",
+    )
+
+
+def api_options(args) -> dict:
+    """`create_router`'s access options from the flags of `add_api_arguments`."""
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if key is not None and not key.strip():
+        raise ValueError("--api-key is empty")
+    return dict(api_key=key, metrics_need_key=args.metrics_need_key, allow_origins=tuple(args.allow_origin))
+
+
+LIMIT_FLAGS = {  # flag: (ServerLimits field, argparse type, help)
+    "--max-body-bytes": ("max_body_bytes", positive_int, "the largest request body accepted (past it: 413)"),
+    "--body-timeout": ("body_timeout", "seconds", "seconds a request's body may take to arrive (past them: 408)"),
+    "--header-timeout": ("header_timeout", "seconds", "seconds a client may take to send a request's headers"),
+    "--shutdown-timeout": (
+        "shutdown_timeout", "seconds",
+        "on SIGTERM or Ctrl-C, seconds open requests get to end before they are cut (their streams end with "
+        "finish_reason 'abort' and [DONE])",
+    ),
+}  # fmt: skip
+
+
+def add_limit_arguments(parser) -> None:
+    """The server's bounds (`gpt_serve.serving.server_limits.ServerLimits`), the same for `gpt-serve serve` and the
+    demo."""
+    defaults = ServerLimits()
+    for flag, (field, kind, text) in LIMIT_FLAGS.items():
+        parser.add_argument(
+            flag,
+            type=positive_float if kind == "seconds" else kind,
+            default=argparse.SUPPRESS,  # left out: no attribute, and `server_limits` takes the default
+            help=f"{text} (default {getattr(defaults, field):,})",
+        )
+
+
+def server_limits(args) -> ServerLimits:
+    """The `ServerLimits` of the flags of `add_limit_arguments` (a flag left out: the default)."""
+    given = {field: getattr(args, field) for field, _, _ in LIMIT_FLAGS.values() if hasattr(args, field)}
+    return ServerLimits(**given)
+
+
+def check_port_free(host: str, port: int, hint: str) -> None:
+    """An OSError naming `hint` (how to choose another port) when (host, port) cannot be bound: checked before any
+    model loads, so a busy port costs no wait."""
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do
+            probe.bind((host, port))
+    except OSError as e:
+        raise OSError(f"cannot serve on {host}:{port} ({e.strerror or e}): {hint}") from None
+
+
+def interrupt(signum, frame):
+    """A SIGTERM handler: KeyboardInterrupt, as Ctrl-C raises."""
+    for stop in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut the shutdown short
+        signal.signal(stop, signal.SIG_IGN)
+    raise KeyboardInterrupt

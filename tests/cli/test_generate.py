@@ -1,0 +1,115 @@
+"""gpt-serve generate: streams text, bad input exits 2 with a message naming it, the model's own prompt by default."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gpt_serve.cli import main
+
+
+def test_generate_streams_the_continuation(tiny_model_dir, capsys):
+    assert main(["generate", str(tiny_model_dir), "--prompt", "ROMEO:", "--max-new-tokens", "25", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ROMEO:") and len(out) == len("ROMEO:") + 25 + 1  # + the final newline
+    assert main(["generate", str(tiny_model_dir), "--prompt", "ROMEO:", "--max-new-tokens", "25", "--seed", "3"]) == 0
+    assert capsys.readouterr().out == out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--temperature", "-1"], r"temperature must be a number in \[0, 2\] \(0 = greedy\), got -1"),
+        (["--top-p", "2"], r"top_p must be a number in \(0, 1\], got 2"),
+        (["--prompt", "héllo"], r"1 character outside this model's vocabulary: 'é' \(position 1\)"),
+        (["--window-mode", "refill", "--refill-tokens", "0"], "refill_tokens must be an integer"),
+        (["--window-mode", "exact", "--refill-tokens", "5"], "refill_tokens applies only with window_mode 'refill'"),
+        (["--max-new-tokens", "-5"], r"max_new_tokens must be an integer in \[1, 100000\], got -5"),
+        (["--backend", "cuda"], "backend must be one of 'torch' "),
+        (["--stop", ""], "stop must be a string or a list of at most 4 non-empty strings"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(tiny_model_dir, capsys, args, message):
+    assert main(["generate", str(tiny_model_dir), "--prompt", "ROMEO:", *args]) == 2
+    captured = capsys.readouterr()
+    assert re.search(message, captured.err)
+    assert captured.out == ""  # checked before the prompt is echoed: no partial output ahead of the error
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+@pytest.mark.parametrize("threads", ["0", "-3", "10000"])
+def test_bad_thread_counts_are_usage_errors(capsys, backend, threads):
+    """More threads than CPUs only make every operator wait (10000 once turned a 4 s run into 71 s)."""
+    from gpt_serve.generation.backends.threads import available_cpus
+
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "ladder-a", "--backend", backend, "--threads", threads])
+    message = f"--threads: must be an integer in [1, {available_cpus()}] (the CPUs this process may use), got {threads}"
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_load_backend_checks_threads():
+    from gpt_serve.cli.generate import load_backend
+
+    with pytest.raises(ValueError, match="threads must be None .* or an integer in \\[1, \\d+\\] .*, got 0"):
+        load_backend("ladder-a", "torch", threads=0)
+
+
+def test_unknown_model_is_named(capsys):
+    assert main(["generate", "no-such-model"]) == 2
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_a_folder_that_is_not_a_model_is_named(tmp_path, capsys):
+    assert main(["generate", str(tmp_path)]) == 2
+    assert f"{tmp_path} is a folder but not a model folder: it has no config.json" in capsys.readouterr().err
+
+
+def test_a_corrupt_config_is_an_error_not_a_traceback(tmp_path, tiny_model_dir, capsys):
+    import shutil
+
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
+    (folder / "config.json").write_text("{not json", encoding="utf-8")
+    assert main(["generate", str(folder), "--max-new-tokens", "3"]) == 2
+    assert "config.json" in capsys.readouterr().err
+
+
+def test_loading_prints_no_progress_bar(tmp_path):
+    import subprocess
+    import sys
+
+    from gpt_serve.folders.corpus import read_corpus_record
+    from gpt_serve.models import model_path
+
+    cmd = [sys.executable, "-m", "gpt_serve", "generate", "ladder-a", "--max-new-tokens", "3", "--threads", "1"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    prompt = read_corpus_record(model_path("ladder-a")).default_prompt  # generate's default: the model's own prompt
+    assert "Loading weights" not in result.stderr and result.stdout.startswith(prompt)
+    assert len(result.stdout) == len(prompt) + 3 + 1
+
+
+def test_generate_starts_from_the_models_own_prompt_and_names_its_flag_for_unknown_characters(
+    tiny_model_dir, tmp_path, capsys
+):
+    import shutil
+
+    from gpt_serve.folders.corpus import CorpusRecord, write_corpus_record
+
+    folder = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    write_corpus_record(folder, CorpusRecord("t", "d", ("KING:\nHark",)))
+    assert main(["generate", str(folder), "--max-new-tokens", "3", "--seed", "0"]) == 0
+    assert capsys.readouterr().out.startswith("KING:\nHark")  # the default prompt: the model's first sample
+    assert main(["generate", str(folder), "--prompt", "é", "--max-new-tokens", "3"]) == 2
+    assert "pass --unk-policy replace (each becomes a space) or --unk-policy drop" in capsys.readouterr().err
+
+
+def test_generate_with_a_broken_corpus_json_warns_and_generates_as_the_demo_serves(tiny_model_dir, tmp_path, caplog):
+    import logging
+    import shutil
+
+    folder = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    (folder / "corpus.json").write_text("[" * 5000, encoding="utf-8")  # json's RecursionError, once a traceback
+    with caplog.at_level(logging.WARNING, logger="gpt_serve.folders.corpus"):
+        assert main(["generate", str(folder), "--max-new-tokens", "3", "--seed", "0"]) == 0  # from a newline
+    assert "corpus.json: its JSON is nested too deep" in caplog.text and "is ignored" in caplog.text
