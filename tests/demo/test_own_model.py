@@ -14,7 +14,8 @@ import pytest
 from gpt_serve.folders.corpus import read_corpus_record
 
 SHAKESPEARE = ("Shakespeare", "ROMEO", "JULIET")
-SOURCES = ("window.py", "vocab.py", "corpus.py")  # gpt_serve's own modules: a text with its own characters
+# gpt_serve's own modules: a text with its own characters
+SOURCES = ("chargpt/window.py", "chargpt/vocab.py", "folders/corpus.py")
 
 
 def says_shakespeare(text: str) -> list[str]:
