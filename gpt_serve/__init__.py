@@ -1,14 +1,16 @@
 """gpt_serve: the "Let's build GPT" character-level GPT as a transformers model, with one generation engine.
 
-The package is three parts:
+The package, a sub-package per concern, each importing only those listed after it (import-linter holds it):
 
-- the transformers model: `CharGPTConfig`, `CharGPTForCausalLM`, `CharTokenizer` (`configuration_chargpt`,
-  `modeling_chargpt`, `tokenization_chargpt`; torch and transformers);
-- `gpt_serve.generation`: loading a model for a backend (`load_backend`), the token loop, sampling, and the
-  PyTorch and ONNX Runtime backends (numpy; torch only in the PyTorch backend);
-- `gpt_serve.models`: the shipped model folders, by name;
-- `gpt_serve.folders.importing`: a checkpoint of the lesson's `gpt.py` or of nanoGPT as a model folder (`gpt-serve
-  import`).
+- `gpt_serve.cli`: the `gpt-serve` command, a module per command;
+- `gpt_serve.serving`: the model registry servers share, the OpenAI-compatible API, Ray Serve;
+- `gpt_serve.folders`: model folders made and copied (`gpt-serve import`, `gpt-serve copy`), their corpus records;
+- `gpt_serve.generation`: the request specification, sampling, the continuous-batching scheduler, and in
+  `generation.backends` loading a model for a backend (`load_backend`), the PyTorch and ONNX Runtime backends;
+- `gpt_serve.chargpt`: the transformers model, `CharGPTConfig`, `CharGPTForCausalLM`, `CharTokenizer` (torch and
+  transformers; its character table `vocab` and window rule `window` are pure Python), and `gpt_serve.models`, the
+  shipped model folders by name and what every folder holds;
+- leaves: `files` (reading and writing inside a folder), `onnx_contract`, `extras`.
 
 `import gpt_serve` imports neither torch nor transformers, so the ONNX Runtime path stays torch-free even where
 torch is installed. The model classes are imported on first use (`gpt_serve.CharGPTForCausalLM`, or
