@@ -9,7 +9,8 @@ in-browser page, /browser/).
 
 Starts `python -m demo` on a free port; for each screenshot of the demo, opens a page, generates from a prompt with a
 fixed seed (on a phone the settings start folded: it unfolds them to set it, then folds them again), runs the
-comparison (desktop ones, when the page has one: a model trained on another text has none), and saves a
+comparison (desktop ones, when the page has one: the ladder, or a model's own earlier checkpoints when its training
+kept snapshots; a model trained on another text without them has none), and saves a
 full-page screenshot once the attention view is drawn. The prompt is longer than the attention maps' 32 positions, so
 they show their first column of earlier keys.
 """
@@ -45,8 +46,8 @@ def take(browser, url: str, args, out: Path, options: dict, compare: bool) -> No
         page.locator(f"#{elem_id} input[type=number]").press("Enter")
     if folded:
         page.locator("#sampling > .label-wrap").click()
-    if compare and page.locator("#compare").count():  # a model on another text has no comparison on its page
-        page.get_by_text("Compare the ladder: what each lesson component buys").click()
+    if compare and page.locator("#compare").count():  # a model on another text, without snapshots, has none
+        page.locator("#compare > .label-wrap").click()  # the ladder, or the model's earlier checkpoints
         page.locator("#compare-btn").click()
         page.locator("#compare-status").filter(has_text="Done: the prompt").wait_for()
     page.locator("#generate-btn").click()

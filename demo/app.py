@@ -10,8 +10,9 @@ Events:
   button (enabled only while a run is on) sends the tickets back and the run's loop ends after its current token
   (`StopRequests`). A client that disconnects (or a `gradio_client` job that is cancelled) makes Gradio close the
   generator, which also ends the loop (see `demo.generation`).
-- Compare the ladder (UI only): the same prompt, seed and settings through the default model and every ladder
-  stage that shares its vocabulary, side by side (no comparison on the page when none does).
+- The comparison (UI only): the same prompt, seed and settings through several models side by side
+  (`demo.comparison`): the default model's earlier checkpoints when its training kept some (`--snapshots`), else
+  the ladder stages that share its vocabulary (no comparison on the page when there is neither).
 - The page presents the default model: its title, intro, default prompt and examples come from the model folder's
   `corpus.json` (what it was trained on); choosing another model shows that one's examples.
 - A value typed into a slider's box outside its range: a note under the sliders (in the browser; the slider
@@ -38,15 +39,8 @@ from gpt_serve.serving.registry import ModelRegistry
 
 from .access import access_options
 from .attention import VIEW_CSS, VIEW_JS
-from .captions import (
-    PENDING_CAPTION,
-    example_prompts,
-    intro,
-    ladder_label,
-    ladder_legend,
-    page_title,
-    range_note_js,
-)
+from .captions import PENDING_CAPTION, example_prompts, intro, page_title, range_note_js
+from .comparison import Comparison
 from .form import FORM
 from .generation import Activity, Limits
 from .handlers import FIELDS, DemoHandlers
@@ -248,22 +242,18 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
     ui.gen_ticket = gr.Textbox(visible="hidden", elem_id="gen-ticket")
     ui.compare_ticket = gr.Textbox(visible="hidden", elem_id="compare-ticket")
     ui.compare_btn = None
-    if len(handlers.compared) > 1:  # only models that share the default model's vocabulary are compared
-        _compare_layout(ui, registry, handlers)
+    if handlers.comparison is not None:
+        _compare_layout(ui, handlers.comparison)
     ui.form = [getattr(ui, name) for name in FIELDS]
     return ui
 
 
-def _compare_layout(ui: SimpleNamespace, registry: ModelRegistry, handlers: DemoHandlers) -> None:
-    """The ladder comparison: the default model beside the ladder's stages that share its vocabulary."""
-    with gr.Accordion("Compare the ladder: what each lesson component buys", open=False, elem_id="compare"):
-        gr.Markdown(
-            f"Runs the prompt, seed and sampling settings above through the default model (`{handlers.default_model}`) "
-            "and the stages of the lesson's ladder (A–E) that read the same characters, side by side. Set a seed to "
-            "make it repeatable.  \n" + ladder_legend(handlers.compared, registry)
-        )
+def _compare_layout(ui: SimpleNamespace, comparison: Comparison) -> None:
+    """The comparison: the ladder's stages, or the default model's earlier checkpoints (`demo.comparison`)."""
+    with gr.Accordion(comparison.title, open=False, elem_id="compare"):
+        gr.Markdown(comparison.intro, elem_id="compare-intro")
         with gr.Row():
-            ui.compare_btn = gr.Button("Compare the ladder", elem_id="compare-btn", scale=3, min_width=100)
+            ui.compare_btn = gr.Button(comparison.button, elem_id="compare-btn", scale=3, min_width=100)
             ui.compare_stop_btn = gr.Button(
                 "Stop", variant="stop", interactive=False, elem_id="compare-stop-btn", elem_classes="stop-btn",
                 scale=1, min_width=100,
@@ -272,14 +262,14 @@ def _compare_layout(ui: SimpleNamespace, registry: ModelRegistry, handlers: Demo
         with gr.Row():
             ui.compare_outputs = [
                 gr.Textbox(
-                    label=ladder_label(n, registry),
+                    label=column.label,
                     lines=12,
                     interactive=False,
                     elem_classes="ladder",
                     min_width=150,
-                    elem_id=f"compare-{n}",
+                    elem_id=column.elem_id,
                 )
-                for n in handlers.compared
+                for column in comparison.columns
             ]
 
 
@@ -363,7 +353,7 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
 
 
 def _wire_compare(ui: SimpleNamespace, handlers: DemoHandlers, stream_group: dict, attention: dict) -> None:
-    """The ladder comparison's events (when the page has one): its run, its Stop, the attention view after it. It
+    """The comparison's events (when the page has one): its run, its Stop, the attention view after it. It
     clears the attention view (drawn again when it ends), not Generate's output."""
     private = dict(api_visibility="private")
     compare_event = ui.compare_btn.click(

@@ -294,5 +294,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"demo: stopping: open API requests get up to {limits.shutdown_timeout:g} s", flush=True)
             drain.close(limits.shutdown_timeout)
         demo.close()
+        demo.handlers.close()  # the comparison's own decode loops (a model's earlier checkpoints)
         registry.close()
     return 0

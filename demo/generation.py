@@ -306,6 +306,8 @@ def stream_side_by_side(
     live = {i: s for i, s in enumerate(streams) if not isinstance(s, str)}
     pace = pacer(interval)
     last = None
+    if not live:  # no stream could start: the messages are all there is to show
+        yield list(texts)
     try:
         while live:
             for i in list(live):

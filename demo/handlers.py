@@ -22,10 +22,11 @@ from gpt_serve.chargpt.vocab import UNK_POLICIES
 from gpt_serve.chargpt.window import DEFAULT_WINDOW_MODE
 from gpt_serve.generation import BACKENDS, WINDOW_MODES
 from gpt_serve.generation.fields import FIELDS_BY_NAME, MAX_PROMPT_CHARS
-from gpt_serve.serving.registry import LADDER_MODELS, ModelRegistry, RequestError
+from gpt_serve.serving.registry import ModelRegistry, RequestError
 
 from .attention import prompt_attention, render_heads
 from .captions import FAILED, attention_caption, compare_status, example_prompts, model_line, stats_line
+from .comparison import Column, comparison_for
 from .form import FORM
 from .generation import (
     Activity,
@@ -62,26 +63,6 @@ def sends_updates(method):
     return run
 
 
-def compared_models(registry: ModelRegistry, default_model: str) -> list[str]:
-    """The ladder comparison's columns: the default model, then the ladder's stages A-E that share its vocabulary
-    (the same characters, so one prompt means the same to all). A stage not trained yet is listed (its column says
-    so) when the default model was trained on the ladder's text, Tiny Shakespeare. Only the default model: no
-    comparison."""
-    vocab = registry.vocab_sha256(default_model)
-    record = registry.corpus(default_model)
-    ladder_text = record is not None and record.is_tiny_shakespeare
-    columns = [default_model]
-    for name in LADDER_MODELS:
-        if name not in registry.names or name == default_model:
-            continue
-        if name not in registry.available:
-            if ladder_text:
-                columns.append(name)
-        elif vocab is not None and registry.vocab_sha256(name) == vocab:
-            columns.append(name)
-    return columns
-
-
 class DemoHandlers:
     """The demo's event functions.
 
@@ -113,7 +94,16 @@ class DemoHandlers:
         self._weights: OrderedDict[tuple, object] = OrderedDict()  # (model, ids) -> attention weights, a few
         self._weights_lock = threading.Lock()
         self._lock, self._updating = threading.Lock(), 0  # runs streaming updates now (`sends_updates`)
-        self.compared = compared_models(registry, default_model)
+        # the comparison's columns (the ladder, or the model's earlier checkpoints); None: the page has none
+        self.comparison = comparison_for(registry, default_model)
+        self.columns = self.comparison.columns if self.comparison else (Column(default_model, registry, "", ""),)
+        self.compared = [c.name for c in self.columns]
+
+    def close(self) -> None:
+        """Stops the decode loops the handlers started of their own (the snapshots'); the server's registry is its
+        owner's to close."""
+        if self.comparison is not None:
+            self.comparison.close()
 
     def interval(self) -> float:
         """The least seconds between two updates of one stream now: `stream_interval`, or longer while so many
@@ -304,22 +294,24 @@ class DemoHandlers:
 
     @sends_updates
     def ui_compare(self, page: gr.Request, ticket: str | None, *form):
-        """Compare the ladder (`form`: the `FIELDS`, its model ignored): yields (one text per column of `compared`...,
-        status: the prompt and seed they all got). A bad request empties the columns and says why in the status."""
+        """The comparison (`form`: the `FIELDS`, its model ignored): yields (one text per column of `columns`...,
+        status: the prompt and seed they all got). A column that cannot run says why (and the status how many ran);
+        a bad request empties the columns and says why in the status."""
         if page is not None:
             self.stops.supersede((page.session_hash, "compare"), ticket)
         try:
             base = self._parse(form)
             streams = [
-                self.registry.unavailable_reason(name, base.backend)
+                column.problem
+                or column.registry.unavailable_reason(column.name, base.backend)
                 or stream_progress(
-                    self.registry,
-                    dataclasses.replace(base, model=name),
+                    column.registry,
+                    dataclasses.replace(base, model=column.name),
                     self.activity,
                     should_stop=lambda: self.stops.is_stopped(ticket),
                     unk_hint=PAGE_UNK_HINT,
                 )
-                for name in self.compared
+                for column in self.columns
             ]
             failed: set[int] = set()
             for texts in stream_side_by_side(streams, self.interval, failed):

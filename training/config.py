@@ -30,6 +30,7 @@ ARCH_KEYS = (
 )
 
 SCHEDULES = ("constant", "cosine")
+MAX_SNAPSHOTS = 32  # each snapshot is a full copy of the weights: a bound on what a run may keep on disk
 
 # The training options that decide the optimization a run does (the model card records them; a checkpoint must
 # share them, and `eval_interval`, with the run resuming it).
@@ -88,6 +89,11 @@ class TrainConfig:
     eval_iters: int = _opt(200, "batches per split averaged by each evaluation (the lesson's estimate_loss)")
     checkpoint_interval: int = _opt(0, "checkpoint every this many steps (0: at each evaluation)")
     keep_best: bool = _opt(False, "save the weights with the best validation loss rather than the last")
+    snapshots: int = _opt(
+        4,
+        "also keep this many earlier states of the model, evenly spaced over the evaluations, as model folders "
+        f"OUT/snapshots/step-NNNNNN/ (0: none; at most {MAX_SNAPSHOTS}; the demo compares the model with them)",
+    )
     patience: int = _opt(0, "with --keep-best: stop after this many evaluations without improvement (0: never)")
     seed: int = _opt(1337, "seed of the initial weights, dropout and batch sampling")
     device: str = _opt("auto", "'auto' (CUDA if available), 'cpu', 'cuda' or 'cuda:N'")
@@ -132,6 +138,11 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not 0 <= self.snapshots <= MAX_SNAPSHOTS:
+            raise ValueError(
+                f"snapshots must be 0 (none) to {MAX_SNAPSHOTS} (each is a full copy of the weights), "
+                f"got {self.snapshots}"
+            )
         if self.patience and not self.keep_best:
             raise ValueError("patience (early stopping) needs keep_best, so the best weights are the ones saved")
         unknown = sorted(set(self.model) - set(MODEL_KEYS))

@@ -3,12 +3,13 @@
 - The final model folder is written into a temporary folder inside the output folder, then moved in file by file
   (`publish_folder`), `config.json` last: until it lands, the folder is not a model folder (a loader says so), and
   each file is complete when it appears.
-- Temporary files of an interrupted run (`.save-*/`, `checkpoints/.*.tmp`, `metrics.tmp.jsonl`, `loss.tmp.png`)
-  are removed when the next run starts in the same folder (`remove_stale_temp_files`), once it holds the folder's
-  lock (`lock_folder`): a second run started by mistake never deletes a running one's files.
+- Temporary files of an interrupted run (`.save-*/`, `checkpoints/.*.tmp`, `metrics.tmp.jsonl`, `loss.tmp.png`,
+  `snapshots/.step-*` folders) are removed when the next run starts in the same folder (`remove_stale_temp_files`),
+  once it holds the folder's lock (`lock_folder`): a second run started by mistake never deletes a running one's
+  files.
 - Nothing is written through a symbolic link (`gpt_serve.files`): an output folder that is a link, or holds one
-  (a file, `checkpoints/` or a file in it), is refused when the run starts (`refuse_links`), before anything is
-  written; the files moved in are checked again.
+  (a file, `checkpoints/`, `snapshots/` or an entry of either), is refused when the run starts (`refuse_links`),
+  before anything is written; the files moved in are checked again.
 - A full disk is reported as one, and files get the usual permissions (`explain_write_error`, `file_mode`: the
   library's `gpt_serve.files`, which the importer shares).
 """
@@ -23,6 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpt_serve.files import LOW_SPACE_BYTES, explain_write_error, file_mode, fill, refuse_link  # noqa: F401 (re-exported)
+from gpt_serve.folders.snapshots import SNAPSHOTS_DIR
+
+from .snapshots import temp_folders
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +59,7 @@ def remove_stale_temp_files(out: Path) -> list[Path]:
     stale = [p for p in out.glob(SAVE_PREFIX + "*") if p.is_dir()]
     stale += list((out / "checkpoints").glob(".*.tmp"))
     stale += [path for path in (temp_path(out / name) for name in RENAMED_OUTPUTS) if path.exists()]
+    stale += temp_folders(out)
     for path in stale:
         logger.info("removing %s, left by an interrupted run", path)
         if path.is_dir():
@@ -65,9 +70,10 @@ def remove_stale_temp_files(out: Path) -> list[Path]:
 
 
 def refuse_links(out: Path) -> None:
-    """A ValueError naming the first symbolic link among what a run writes: `out` itself, an entry of it, `checkpoints/`
-    or an entry of it. A run writes regular files into folders it made; a link's target may be anywhere."""
-    for folder in (out, out / "checkpoints"):
+    """A ValueError naming the first symbolic link among what a run writes: `out` itself, an entry of it,
+    `checkpoints/`, `snapshots/` or an entry of either. A run writes regular files into folders it made; a link's
+    target may be anywhere."""
+    for folder in (out, out / "checkpoints", out / SNAPSHOTS_DIR):
         refuse_link(folder)
         if folder.is_dir():
             for path in sorted(folder.iterdir()):

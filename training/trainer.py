@@ -1,4 +1,4 @@
-"""The training loop: AdamW, LR schedule, clipping, accumulation, evaluation, checkpoints, DDP.
+"""The training loop: AdamW, LR schedule, clipping, accumulation, evaluation, checkpoints, snapshots, DDP.
 
 GPU-first (bf16 autocast, TF32, fused AdamW, torch.compile on CUDA) and plain fp32 on CPU (`precision` and
 `compile` choose otherwise). Under `torchrun` it runs DDP (NCCL on CUDA, gloo on CPU); only rank 0 logs, plots and
@@ -22,7 +22,9 @@ import torch.nn.functional as F
 
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
 from gpt_serve.chargpt.modeling_chargpt import quiet_weight_loading, upgrade_state_dict
+from gpt_serve.files import write_new_folder
 from gpt_serve.folders.corpus import CorpusRecord, load_text, write_corpus_record
+from gpt_serve.folders.snapshots import StepRecord, snapshot_folder, write_step_record
 
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint
 from .config import ARCH_KEYS, MODEL_KEYS, OPTIMIZATION_KEYS, SCHEDULES, TrainConfig, make_scheduler  # noqa: F401
@@ -31,6 +33,7 @@ from .kernels import use_cpu_training_kernels
 from .outputs import lock_folder, publish_folder, remove_stale_temp_files
 from .report import append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
 from .runtime import setup_runtime
+from .snapshots import remove_snapshots, snapshot_steps
 from .tracking import Trackers, parse_report_to
 
 logger = logging.getLogger(__name__)
@@ -73,6 +76,8 @@ class Trainer:
         self.step = 0
         self.best_val, self.best_step, self.evals_since_best, self.stopped_early = float("inf"), None, 0, False
         self.history: list[dict] = []
+        # the earlier states kept as model folders (OUT/snapshots/step-NNNNNN/): the same steps after a resume
+        self.snapshot_steps = snapshot_steps(cfg.max_iters, cfg.eval_interval, cfg.snapshots)
         self.train_time = 0.0  # seconds spent in optimizer steps, over all sessions of this run
         self.wall_time = 0.0  # seconds from start to end, evaluation and checkpoints included, over all sessions
         self.tokens_per_step = cfg.batch_size * cfg.grad_accum * self.model_config.block_size * self.rt.world_size
@@ -258,6 +263,7 @@ class Trainer:
         if self.rt.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             write_metrics(self.out, [])  # a fresh run starts a fresh log
+            remove_snapshots(self.out)  # and keeps no earlier run's states
             self.best_weights_path().unlink(missing_ok=True)
         self._start_trackers()
         self._set_rng_state(self._initial_rng)
@@ -294,6 +300,8 @@ class Trainer:
                 shown_step, shown_time = self.step, self.train_time
             if evaluate:
                 self.stopped_early = self._evaluate()
+                if self.step in self.snapshot_steps and self.rt.is_main:
+                    self.save_snapshot()
             if self.step % ckpt_every == 0 or self.step == cfg.max_iters or self.stopped_early:
                 self.save_checkpoint()
             now = time.perf_counter()
@@ -335,6 +343,30 @@ class Trainer:
             logger.info("early stop at step %d: no better val loss in %d evaluations", self.step, self.cfg.patience)
         return stop
 
+    def write_model_folder(self, folder: Path, record: StepRecord | None, result: dict | None = None) -> None:
+        """Writes the model as it is now into `folder`, a `save_pretrained` folder: weights and config, tokenizer,
+        corpus record, the step record (`record`: which step, its losses) and, with `result`, the model card."""
+        # transformers' "Writing model shards" bar only with the progress bars (`--progress`)
+        with contextlib.nullcontext() if self.cfg.progress else quiet_weight_loading():
+            self.model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        write_corpus_record(folder, self.corpus)  # what the surfaces and the export read of the text
+        if record is not None:
+            write_step_record(folder, record)
+        if result is not None:
+            write_model_card(self, result, folder)
+
+    def save_snapshot(self) -> Path:
+        """Keeps the model as it is at this evaluation in `OUT/snapshots/step-NNNNNN/` (written whole, replacing one
+        an interrupted run wrote at the same step); returns the folder."""
+        last = self.history[-1]
+        record = StepRecord(self.step, last["val_loss"], last["train_loss"])
+        folder = write_new_folder(
+            snapshot_folder(self.out, self.step), lambda tmp: self.write_model_folder(tmp, record), replace=True
+        )
+        logger.info("kept the model of step %d in %s", self.step, folder)
+        return folder
+
     def _finish(self) -> dict:
         chosen = self.history[-1] if self.history else {}
         if self.cfg.keep_best and self.best_weights_path().exists():
@@ -353,16 +385,10 @@ class Trainer:
         }
         if self.rt.is_main:
             self.model.eval()
-
-            def write(folder: Path) -> None:
-                # transformers' "Writing model shards" bar only with the progress bars (`--progress`)
-                with contextlib.nullcontext() if self.cfg.progress else quiet_weight_loading():
-                    self.model.save_pretrained(folder)
-                self.tokenizer.save_pretrained(folder)
-                write_corpus_record(folder, self.corpus)  # what the surfaces and the export read of the text
-                write_model_card(self, result, folder)
-
-            publish_folder(self.out, write)  # a complete folder, or the previous one
+            known = result["step"] is not None and result["val_loss"] is not None and result["train_loss"] is not None
+            record = StepRecord(result["step"], result["val_loss"], result["train_loss"]) if known else None
+            # a complete folder, or the previous one
+            publish_folder(self.out, lambda folder: self.write_model_folder(folder, record, result))
             logger.info("saved the model to %s (val loss %.4f, step %s)", self.out, result["val_loss"], result["step"])
         self.rt.barrier()
         return result

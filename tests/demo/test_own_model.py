@@ -1,8 +1,9 @@
 """Your own model, end to end (issue 33's check): a tiny model trained for a few steps on a text that is not Tiny
 Shakespeare (a few KB of this package's Python source), exported without `--data` (the export finds the text its
 folder recorded), then served: the demo page, the in-browser page's `model/corpus.json`, the model card and
-`gpt-serve generate` present that text, its name and its prompts, and none of them says Shakespeare. The browser
-test opens both pages of the demo in Chromium."""
+`gpt-serve generate` present that text, its name and its prompts, and none of them says Shakespeare. No ladder stage
+reads its characters: the page compares it with its own earlier checkpoints instead (the snapshots its training
+kept). The browser test opens both pages of the demo in Chromium and runs that comparison."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from gpt_serve.folders.corpus import read_corpus_record
 SHAKESPEARE = ("Shakespeare", "ROMEO", "JULIET")
 # gpt_serve's own modules: a text with its own characters
 SOURCES = ("chargpt/window.py", "chargpt/vocab.py", "folders/corpus.py")
+CHECKPOINT_COLUMNS = ("step-000004", "step-000008", "mine")  # the comparison's columns: its snapshots, then itself
 
 
 def says_shakespeare(text: str) -> list[str]:
@@ -24,7 +26,8 @@ def says_shakespeare(text: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def own_model(tmp_path_factory) -> Path:
-    """The model folder: trained (10 steps of the tiny preset) on 6,000 characters of Python, then exported."""
+    """The model folder: trained (12 steps of the tiny preset, evaluated every 4: snapshots of steps 4 and 8) on 6,000
+    characters of Python, then exported."""
     from export.cli import main as export
     from training.cli import main as train
 
@@ -33,8 +36,8 @@ def own_model(tmp_path_factory) -> Path:
     text = "".join((package / name).read_text(encoding="utf-8") for name in SOURCES)[:6000]
     (root / "code.py").write_text(text, encoding="utf-8")
     folder = root / "model"
-    argv = ["--preset", "tiny", "--data", str(root / "code.py"), "--out", str(folder), "--max-iters", "10"]
-    assert train([*argv, "--eval-interval", "5", "--threads", "1", "--no-progress"]) == 0
+    argv = ["--preset", "tiny", "--data", str(root / "code.py"), "--out", str(folder), "--max-iters", "12"]
+    assert train([*argv, "--eval-interval", "4", "--threads", "1", "--no-progress"]) == 0
     assert export([str(folder), "--threads", "1"]) == 0  # no --data: the recorded text, found by its hash
     return folder
 
@@ -62,7 +65,7 @@ def test_the_folder_the_card_and_generate_present_the_models_own_text(own_model,
     assert capsys.readouterr().out.startswith(record.default_prompt)  # its own prompt, not "ROMEO:"
 
 
-def test_the_demo_presents_it_and_offers_no_ladder_comparison(own_model, own_registry):
+def test_the_demo_presents_it_and_compares_it_with_its_checkpoints_not_the_ladder(own_model, own_registry):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
@@ -77,7 +80,10 @@ def test_the_demo_presents_it_and_offers_no_ladder_comparison(own_model, own_reg
     assert props["prompt"]["value"] == record.default_prompt
     examples = [sample[0] for sample in props["examples"]["samples"]]
     assert examples == list(record.prompts)
-    assert "compare-btn" not in props  # the ladder reads Shakespeare's characters: nothing to compare with
+    # the ladder reads Shakespeare's characters: the model is compared with its own earlier states instead
+    assert [props[f"compare-{n}"]["label"].split(" · ")[0] for n in CHECKPOINT_COLUMNS] == ["step 4", "step 8", "mine"]
+    assert props["compare-btn"]["value"] == "Compare with earlier checkpoints"
+    assert "ladder" not in json.dumps(props["compare-intro"]) and not [n for n in props if "compare-ladder" in n]
     shown = [props["intro"]["value"], config["title"], props["prompt"]["value"], *examples]
     assert not says_shakespeare("\n".join(shown))
     app = FastAPI()
@@ -101,6 +107,13 @@ def test_both_pages_present_it_in_a_browser(chromium, own_model, own_registry):
         # the examples' samples render after their header
         page.wait_for_function("document.querySelector('#examples').innerText.length > 'Examples'.length")
         examples = page.inner_text("#examples")
+        compare_title = page.inner_text("#compare > .label-wrap")
+        page.locator("#compare > .label-wrap").click()
+        page.locator("#compare-btn").click()
+        page.locator("#compare-status").filter(has_text="Done: the prompt").wait_for()
+        compare = page.inner_text("#compare")
+        columns = [page.locator(f"#compare-{n} textarea").input_value() for n in CHECKPOINT_COLUMNS]
+        labels = [page.inner_text(f"#compare-{n} [data-testid='block-info']") for n in CHECKPOINT_COLUMNS]
         page.goto(f"{url.rstrip('/')}/browser/")
         page.locator("#model-status.done").wait_for()
         corpus, browser_prompt = page.inner_text("#corpus"), page.input_value("#prompt")
@@ -110,4 +123,8 @@ def test_both_pages_present_it_in_a_browser(chromium, own_model, own_registry):
     assert record.prompts[1].split("\n")[0] in examples
     assert corpus.startswith("This one was trained on code.py") and browser_prompt == record.default_prompt
     assert buttons == len(record.prompts)
-    assert not says_shakespeare(intro + examples + body)
+    assert not says_shakespeare(intro + examples + body + compare)
+    assert "Compare with earlier checkpoints" in compare_title and "ladder" not in compare.lower()
+    assert "Done: the prompt" in compare and "the same settings in every column" in compare  # every column ran
+    assert all(len(text) > 0 for text in columns) and len(set(columns)) == 3
+    assert labels[0].startswith("step 4 · val loss ") and labels[2].startswith("mine · step 12 · val loss ")

@@ -1,4 +1,5 @@
-"""Kill -9 and resume: a run killed after a checkpoint and resumed ends exactly like an uninterrupted run."""
+"""Kill -9 and resume: a run killed after a checkpoint and resumed ends exactly like an uninterrupted run, its
+snapshots included."""
 
 from __future__ import annotations
 
@@ -76,6 +77,16 @@ def test_sigkill_after_a_checkpoint_then_resume_matches_an_uninterrupted_run(tmp
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6, abs=1e-7)
         assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-6, abs=1e-7)
         assert a["lr"] == b["lr"] and a["tokens"] == b["tokens"]
+    # the snapshots (steps 100 and 200; 100's was written again, or for the first time, after the kill)
+    kept = [sorted(p.name for p in (run / "snapshots").iterdir()) for run in (killed, full)]
+    assert kept[0] == kept[1] == ["step-000100", "step-000200"]
+    for name in kept[0]:
+        torch.testing.assert_close(
+            load_file(killed / "snapshots" / name / "model.safetensors"),
+            load_file(full / "snapshots" / name / "model.safetensors"),
+            rtol=1e-6,
+            atol=1e-7,
+        )
 
 
 def _metrics(out: Path) -> list[dict]:
