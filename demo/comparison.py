@@ -1,10 +1,9 @@
 """What the page's comparison runs side by side, and what it calls itself: the lesson's ladder, or the model's own
 earlier checkpoints.
 
-- A default model whose folder holds snapshots (`snapshots/step-NNNNNN/`, kept by `python -m training --snapshots
-  N`: `gpt_serve.folders.snapshots`) is compared with them: its earlier states from the earliest, then the model
-  itself, each
-  column labelled with its step and validation loss. A snapshot that cannot run (its step record unreadable, no
+- A default model whose folder holds snapshots (`snapshots/step-NNNNNN/`, kept by `python -m training --snapshots N`:
+  `gpt_serve.folders.snapshots`) is compared with them: its earlier states from the earliest, then the model itself,
+  each column labelled with its step and validation loss. A snapshot that cannot run (its step record unreadable, no
   model in it, another vocabulary) keeps its column, which says why; one whose weights fail to load says so when the
   comparison runs.
 - Otherwise, the ladder: the default model and the ladder's stages A-E that share its vocabulary.
