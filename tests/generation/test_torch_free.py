@@ -16,7 +16,7 @@ from gpt_serve.generation.inline import generate_tokens
 from gpt_serve.generation.sampling import SamplingParams
 from tests.conftest import make_tiny_model
 
-ROOT = Path(__file__).resolve().parents[3]  # the repository: its gpt_serve, not an installed one
+ROOT = Path(__file__).resolve().parents[2]  # the repository: its gpt_serve, not an installed one
 
 SCRIPT = textwrap.dedent(
     """
