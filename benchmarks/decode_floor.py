@@ -9,7 +9,7 @@ projection, the two feed-forward matrices), so its speed is bounded by how fast 
 This script times exactly those products, with random weights that do not fit in the CPU cache together:
 
 - PyTorch `F.linear` (the (out, in) layout of `nn.Linear`);
-- PyTorch `DecodeLinear` (`gpt_serve.generation.backends.torch_backend`), what the PyTorch engine decodes with: a
+- PyTorch `DecodeLinear` (`gpt_serve.generation.backends.torch_decode`), what the PyTorch engine decodes with: a
   batched
   product over blocks of the weight up to 8 rows, oneDNN's linear kernel on the weight packed once past that;
 - ONNX Runtime: a graph of nothing but the same MatMuls (no attention, no KV cache, no other nodes), fp32;
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 
-from gpt_serve.generation.backends.torch_backend import DecodeLinear
+from gpt_serve.generation.backends.torch_decode import DecodeLinear
 
 
 def layer_shapes(n_embd: int, n_layer: int) -> list[tuple[int, int]]:

@@ -7,17 +7,20 @@
 
 - `spec`: the request specification, every field's type, range, default and aliases in one table
   (`parse_request` -> `GenerationRequest`, `RequestError`);
-- `loading`: `load_backend`, the table of backend keys (`BACKENDS`) and their aliases, the checks every backend needs;
-- `backend`: the `Backend` protocol (and its `DecodeBatch`) that `torch_backend` (`TorchBackend`) and `onnx_backend`
-  (`OnnxBackend`) implement;
-- `scheduler`: the one token loop, continuous batching (`Scheduler`); `requests`: its `Request` and `Stream`;
-  `runner`: the threads that run loops (or `InlineRunner`, none);
+- `backends.loading`: `load_backend`, the table of backend keys (`BACKENDS`) and their aliases, the checks every
+  backend needs;
+- `backends.protocol`: the `Backend` protocol (and its `DecodeBatch`) that `backends.torch_backend` (`TorchBackend`,
+  its fast decode path in `backends.torch_decode`) and `backends.onnx_backend` (`OnnxBackend`) implement;
+- `scheduler`: the one token loop, continuous batching (`Scheduler`), which decides who runs; below it `batch` (the
+  running batch and the exact-mode rows: the forward passes), `waiting` (the queue), `rows` (a row's state and the
+  output side of a step), `logprobs` (a prompt's own logprobs, in chunks) and `runner` (the threads that run loops,
+  or `InlineRunner`, none); `requests`: its `Request` and `Stream`;
 - `text`: the one text stream (`TextStream`: encode, submit, decode with stop strings, cancel);
-- `engine`: the same for a script (`generate_tokens`, `stream_text`, `generate_text`), stepped on its thread;
-- `sampling`: `SamplingParams` and the sampler, a pure function with an explicit RNG;
-- the ONNX side: graph loading and checks in `onnx_session`, caches and decode batches in `onnx_batches`, the graph
-  contract the export writes in `gpt_serve.onnx_contract`;
-- `registry`: a server's models by name, each (model, backend) loaded once with its scheduler (`ModelRegistry`).
+- `inline`: the same for a script (`generate_tokens`, `stream_text`, `generate_text`), stepped on its thread;
+- `sampling`: `SamplingParams` and the sampler, pure functions with an explicit RNG;
+- the ONNX side: graph loading and checks in `backends.onnx_session`, caches and decode batches in
+  `backends.onnx_batches`, the graph contract the export writes in `gpt_serve.onnx_contract`.
+A server's models by name are `gpt_serve.serving.registry`'s (`ModelRegistry`).
 The window rule past `block_size` is `gpt_serve.chargpt.window`, shared with the transformers model.
 
 Importing this package imports neither torch nor onnxruntime; each backend module imports its own runtime.

@@ -6,15 +6,25 @@ reads them (`gpt_serve.chargpt.window`, the lesson's exact window): the first `b
 over
 them, each later one by the window of the `block_size` tokens before it. The first token has no logprob (null, as
 OpenAI answers).
+
+A scheduler scores prompts in chunks between its decode steps, so that a long prompt shares the machine: its
+`ScoringQueue` holds them and runs their chunks in turn within each iteration's budget.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .backends.protocol import Backend, describe_backend
+from .requests import EngineError, Scoring
 from .sampling import log_softmax
+
+logger = logging.getLogger(__name__)
 
 WINDOWS_PER_CALL = 32  # full windows scored together past block_size
 
@@ -54,3 +64,58 @@ def scoring_chunks(
         lps = log_softmax(backend.window_logits(batch))
         out += [entry(lps[k], ids[i], top_n) for k, i in enumerate(chunk)]
         yield batch.size
+
+
+class ScoringQueue:
+    """The prompts a scheduler scores (`Scheduler.score`): each a `Scoring` and its chunks (`scoring_chunks`), run in
+    turn, one chunk at a time. Other threads add jobs under `lock` (the scheduler's, which guards its queue of
+    requests too); `add`, `remove_cancelled` and `clear` are called under it."""
+
+    def __init__(self, backend: Backend, max_tokens_per_step: int, lock: threading.Lock):
+        # a chunk: this many full windows in one forward pass (the largest chunk, in tokens)
+        self.windows = max(1, min(WINDOWS_PER_CALL, max_tokens_per_step // backend.block_size))
+        self.chunk_tokens = self.windows * backend.block_size
+        self.backend, self.lock = backend, lock
+        self.name = describe_backend(backend)
+        self.jobs: deque[tuple[Scoring, Iterator[int]]] = deque()
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def add(self, job: Scoring) -> None:
+        self.jobs.append((job, scoring_chunks(self.backend, job.ids, job.top_n, job.entries, self.windows)))
+
+    def remove_cancelled(self) -> list[Scoring]:
+        """Takes the cancelled jobs out of the queue; returns them."""
+        gone = [pair for pair in self.jobs if pair[0].cancelled.is_set()]
+        for pair in gone:
+            self.jobs.remove(pair)
+        return [job for job, _ in gone]
+
+    def clear(self) -> list[Scoring]:
+        """Takes every job out of the queue; returns them."""
+        jobs = [job for job, _ in self.jobs]
+        self.jobs.clear()
+        return jobs
+
+    def run(self, budget: int) -> tuple[int, list[tuple[Scoring, BaseException | None]]]:
+        """Runs chunks of the queued jobs, in turn, within `budget` tokens (at least one chunk). Returns the forward
+        passes run and the jobs that ended, each with its error (a failure is the prompt's own) or None."""
+        forwards = spent = 0
+        ended: list[tuple[Scoring, BaseException | None]] = []
+        while self.jobs and (spent == 0 or spent + self.chunk_tokens <= budget):
+            job, chunks = self.jobs[0]
+            try:
+                spent += next(chunks)
+                forwards += 1
+                self.jobs.rotate(-1)  # the next job's chunk next
+                continue
+            except StopIteration:
+                error = None
+            except Exception as e:  # this prompt's own failure
+                logger.exception("scoring failed")
+                error = EngineError(f"{self.name} failed to score this prompt: {type(e).__name__}: {e}")
+            with self.lock:
+                self.jobs.popleft()
+            ended.append((job, error))
+        return forwards, ended

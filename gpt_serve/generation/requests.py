@@ -1,4 +1,5 @@
-"""A submitted request and the stream of its tokens: what a scheduler's consumers hold (`Scheduler.submit`).
+"""A submitted request and the stream of its tokens: what a scheduler's consumers hold (`Scheduler.submit`), and the
+checks of a request (`check_request`, `check_prompt_ids`).
 
 A `Stream` meets its scheduler at two small public sides: the consumer's (`take`, `atake`, `wait`, `cancel`,
 iteration) and the scheduler's (`put`, `finish`, `ready`, `waiter`). It knows its scheduler only as a `StreamOwner`:
@@ -14,7 +15,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..chargpt.window import DEFAULT_WINDOW_MODE
+from ..chargpt.window import DEFAULT_WINDOW_MODE, window_keep
+from .backends.protocol import check_token_ids
+from .fields import check_value
 from .sampling import SamplingParams
 
 
@@ -49,6 +52,29 @@ class Request:
     refill_tokens: int | None = None
     stop_token_ids: Sequence[int] = ()
     logprobs: int | None = None  # report each token's logprob and this many top ones (`Stream.logprobs`)
+
+
+def check_prompt_ids(ids: Sequence[int], vocab_size: int, name: str = "the prompt") -> None:
+    """A ValueError unless `ids` is a non-empty sequence of ids in [0, vocab_size)."""
+    if not len(ids):
+        raise ValueError(f"{name} is empty; give at least one token (the lesson starts from id 0, a newline)")
+    check_token_ids(ids, vocab_size, name)
+
+
+def check_request(request: Request, block_size: int, vocab_size: int) -> None:
+    """A ValueError (a TypeError for a wrong type) naming what `request` gets wrong for a model of `block_size`
+    positions and `vocab_size` ids."""
+    if not isinstance(request, Request):
+        raise TypeError(f"submit takes a Request, got {type(request).__name__}")
+    check_value("max_new_tokens", request.max_new_tokens)
+    check_prompt_ids(request.prompt_ids, vocab_size)
+    if request.seed is not None:
+        check_value("seed", request.seed)
+    if not isinstance(request.sampling, SamplingParams):
+        raise TypeError(f"sampling must be a SamplingParams, got {type(request.sampling).__name__}")
+    window_keep(block_size, request.window_mode, request.refill_tokens)  # raises for a bad window
+    if request.logprobs is not None:
+        check_value("logprobs", request.logprobs)
 
 
 _DONE = object()
@@ -212,3 +238,24 @@ class Scoring:
     def finish(self, error: BaseException | None = None) -> None:
         self.error = error
         self._ended.set()
+
+
+def wake_waiters(items: list[Stream | Scoring]) -> None:
+    """Wakes the async waiters (`atake`, `aresult`) of `items`, streams given tokens or ended and scorings ended: one
+    call into each event loop for all of its waiters."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
+    for item in items:
+        waiter = item.waiter
+        if waiter is not None:
+            by_loop.setdefault(waiter[0], []).append(waiter[1])
+    for loop, futures in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_resolve, futures)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+
+def _resolve(futures: list[asyncio.Future]) -> None:
+    for future in futures:
+        if not future.done():  # a cancelled waiter (its client went away) stays cancelled
+            future.set_result(None)

@@ -83,13 +83,8 @@ def next_tokens(rows: list[Row], logits: np.ndarray, backend_name: str) -> Outco
     distribution (the logits before penalties): `(logprob, [(id, logprob), ...])`. See the module docstring for the
     errors; `backend_name` names what computed the logits in them."""
     out = Outcome(len(rows))
-    ok = finite_rows(logits)
-    for i in np.flatnonzero(~ok):
-        out.errors[int(i)] = EngineError(
-            f"{backend_name} computed NaN or infinite logits for token {len(rows[i].ids) - rows[i].prompt_len + 1} "
-            f"of this request: nothing to sample from, so it ends here (a broken model: check its weights and config)"
-        )
     work = _penalized(rows, logits, out)
+    _refuse_non_finite(rows, logits, work, out, backend_name)
     live = [i for i in range(len(rows)) if i not in out.errors]
     _sample(rows, work, live, out)
     wanted = [i for i in live if rows[i].top_logprobs is not None and i not in out.errors]
@@ -115,25 +110,36 @@ def _isolated(indices: list[int], out: Outcome, stage: str, batch, alone) -> Non
 
 def _penalized(rows: list[Row], logits: np.ndarray, out: Outcome) -> np.ndarray:
     """The logits after each row's penalties (a copy where any row has them), for all such rows at once (or, if
-    that raises, each alone); a row whose penalties fail or make its logits non-finite ends with an error."""
-    penalized = [i for i, r in enumerate(rows) if (r.seen is not None or r.counts is not None) and i not in out.errors]
+    that raises, each alone); a row whose penalties fail ends with an error."""
+    penalized = [i for i, r in enumerate(rows) if r.seen is not None or r.counts is not None]
     if not penalized:
         return logits
     work = logits.copy()
 
     def penalize(indices: list[int]) -> None:
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):  # non-finite logits are refused after (`next_tokens`)
             apply_penalties(work, [rows[i] for i in indices], indices)
 
     _isolated(penalized, out, "the penalties", penalize, lambda i: penalize([i]))
-    checked = [i for i in penalized if i not in out.errors]
-    for i in np.asarray(checked)[~finite_rows(work[checked])]:
-        s = _penalty_settings(rows[i].sampling)
-        out.errors[int(i)] = EngineError(
-            f"the penalties ({s}) made this request's logits infinite for token "
-            f"{len(rows[i].ids) - rows[i].prompt_len + 1}: nothing to sample from, so it ends here"
-        )
     return work
+
+
+def _refuse_non_finite(rows: list[Row], logits: np.ndarray, work: np.ndarray, out: Outcome, backend_name: str) -> None:
+    """The step's one finiteness check, over what is sampled from (`work`: the logits after penalties, `logits`
+    itself where no row has any). A row that fails it ends with an error naming the cause: NaN or infinite logits
+    from the backend (a penalty keeps a logit non-finite), else the penalties that overflowed them."""
+    for i in np.flatnonzero(~finite_rows(work)).tolist():
+        token = len(rows[i].ids) - rows[i].prompt_len + 1
+        if work is logits or not np.isfinite(logits[i]).all():
+            out.errors[i] = EngineError(
+                f"{backend_name} computed NaN or infinite logits for token {token} of this request: nothing to "
+                f"sample from, so it ends here (a broken model: check its weights and config)"
+            )
+        elif i not in out.errors:  # (a row whose penalties failed has that error already)
+            out.errors[i] = EngineError(
+                f"the penalties ({_penalty_settings(rows[i].sampling)}) made this request's logits infinite for "
+                f"token {token}: nothing to sample from, so it ends here"
+            )
 
 
 def apply_penalties(work: np.ndarray, rows: list[Row], at: list[int]) -> None:

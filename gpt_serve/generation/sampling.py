@@ -1,7 +1,10 @@
-"""Choosing the next token from logits: one small pure function, numpy only, with an explicit RNG.
+"""Choosing the next token from logits: pure functions, numpy only, each row with its own explicit RNG.
 
-Every backend (PyTorch, ONNX Runtime) hands its logits to `sample_next`, so the same seed picks the same tokens
-whatever computed the logits.
+The scheduler samples a step's rows through `rows.next_tokens`: each sampling row draws its one uniform number from
+its own RNG (`draw_uniforms`), and `sample_groups` picks the tokens, the rows that share settings together. So the
+same seed picks the same tokens whatever computed the logits (PyTorch, ONNX Runtime) and whatever else runs in the
+batch. `sample_next` (one setting, one RNG) and `sample_rows` (each row its own) give the same tokens outside the
+engine, and refuse logits that are not finite (`check_finite`), which the engine ends row by row instead.
 """
 
 from __future__ import annotations

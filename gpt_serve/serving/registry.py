@@ -25,6 +25,7 @@ from ..generation.backends.loading import LoadedModel, load_backend
 from ..generation.fields import BACKENDS, RequestError, resolve_backend, show_value
 from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, Request, Scheduler, torch_runner
 from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
+from ..onnx_contract import onnx_path
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ class ModelRegistry:
             return str(e)
         if key != "torch":
             try:
-                from ..generation.backends.onnx_backend import onnx_path
+                from ..generation.backends.onnx_backend import OnnxBackend  # noqa: F401  (is onnxruntime installed?)
             except ImportError as e:
                 return (
                     f"{BACKENDS[key]} is not available on this server: cannot import "

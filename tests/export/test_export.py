@@ -17,14 +17,8 @@ from export.onnx_export import OPSET, export_fp32
 from export.report import CARD_BEGIN, CARD_END, card_section, update_model_card
 from export.validate import compare_with_torch
 from gpt_serve.chargpt.vocab import CharVocab
-from gpt_serve.generation.backends.onnx_backend import (
-    cache_names,
-    load_session,
-    onnx_path,
-    past_names,
-    present_names,
-    weights_sha256,
-)
+from gpt_serve.generation.backends.onnx_session import load_session, weights_sha256
+from gpt_serve.onnx_contract import cache_names, onnx_path, past_names, present_names
 from tests.conftest import make_tiny_model
 
 

@@ -170,7 +170,7 @@ def test_sampler_temperature_zero_is_argmax_and_filters_apply():
 
 
 def test_decode_linear_matches_linear_and_shares_its_weight():
-    from gpt_serve.generation.backends.torch_backend import DecodeLinear
+    from gpt_serve.generation.backends.torch_decode import DecodeLinear
 
     torch.manual_seed(0)
     for bias in (True, False):
@@ -190,7 +190,7 @@ def test_decode_linear_matches_linear_and_shares_its_weight():
 
 
 def test_torch_backend_decodes_through_a_copy_that_shares_the_weights(tiny_model):
-    from gpt_serve.generation.backends.torch_backend import DecodeLinear
+    from gpt_serve.generation.backends.torch_decode import DecodeLinear
 
     backend = TorchBackend(tiny_model)
     assert isinstance(backend.model.lm_head, DecodeLinear)

@@ -333,7 +333,7 @@ stream = scheduler.submit(Request([1, 2, 3], 100_000, window_mode="refill"))
 assert stream.take()
 raise SystemExit(3)
 """
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[2]  # the repository's root
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root)
     assert result.returncode == 3 and "terminate called" not in result.stderr, result.stderr[-2000:]
 

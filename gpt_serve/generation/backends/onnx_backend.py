@@ -15,7 +15,7 @@ even where it is installed (an import-linter contract and a test check both):
 This module owns `OnnxBackend`: what computes the logits, and the checks of each call's inputs. The export's
 layout (file names, graph inputs/outputs, metadata keys) is named in `gpt_serve.onnx_contract`; loading a graph
 and checking it against the folder is `onnx_session`'s; the caches between runs (`OnnxCache` and the decode
-batches) are `onnx_batches`'. Their public names are importable from here too. One graph (the Hugging Face layout,
+batches) are `onnx_batches`'; each name is imported from the module that defines it. One graph (the Hugging Face layout,
 `onnx/model*.onnx`) serves prefill (an empty past) and decode; where the folder has the in-place decode graph
 (`onnx/decoder_inplace*.onnx`: `run_inplace`, `OnnxInPlaceBatch`), this backend prefills and decodes with it.
 """
@@ -34,27 +34,15 @@ from ...models import model_path
 from ...onnx_contract import (
     ATTENTION_MASK_NAME,
     BLOCK_SIZE_KEY,
-    FP32_FILE_NAME,
     HEAD_SIZE_KEY,
-    INPLACE_FORMAT,
-    INPLACE_FP32_FILE_NAME,
-    INPLACE_INPUT_NAMES,
-    INPLACE_INT8_FILE_NAME,
     INPUT_IDS_NAME,
     INPUT_NAMES,
-    INT8_FILE_NAME,
     LOGITS_NAME,
     N_HEAD_KEY,
     N_LAYER_KEY,
     ONNX_FORMAT,
-    ONNX_FORMAT_VERSION,
-    ONNX_SUBDIR,
-    PAST_NAME,
     POSITION_IDS_NAME,
-    PRESENT_NAME,
-    REQUIRED_METADATA,
     VOCAB_SIZE_KEY,
-    cache_names,
     onnx_path,
     past_names,
     present_names,
@@ -68,9 +56,8 @@ from .onnx_session import (
     check_metadata,
     load_session,
     run_inplace,
-    session_options,
-    weights_sha256,
 )
+from .protocol import check_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +71,7 @@ class OnnxBackend:
         quantized: load `onnx/model_quantized.onnx` (int8 weights) instead of `onnx/model.onnx` (fp32).
         int8_compute: for the int8 file, ONNX Runtime's int8 kernel (the weights stay int8 in memory: faster where
             they do not fit in the CPU's cache); False dequantizes them once at load and computes in fp32, as the
-            in-browser page does (the same greedy tokens). See `session_options`.
+            in-browser page does (the same greedy tokens). See `onnx_session.session_options`.
         threads: intra-op threads (None: ONNX Runtime's default, one per physical core).
         providers: ONNX Runtime execution providers (default `["CPUExecutionProvider"]`). With the CUDA provider
             first, the KV cache stays on the GPU between steps.
@@ -159,15 +146,8 @@ class OnnxBackend:
     def run_inplace(self, input_ids: np.ndarray, lengths: np.ndarray, cache: list[np.ndarray]) -> np.ndarray:
         """`run_inplace` on this backend's in-place graph, with the ids checked (a sampled or prompt id outside the
         vocabulary would otherwise be embedded as some other row of the table)."""
-        self._check_vocabulary(input_ids)
+        check_token_ids(input_ids, self.vocab_size)
         return run_inplace(self.inplace_session, input_ids, lengths, cache)
-
-    def _check_vocabulary(self, ids: np.ndarray) -> None:
-        bad = ids[(ids < 0) | (ids >= self.vocab_size)]
-        if bad.size:
-            raise ValueError(
-                f"input_ids holds ids {np.unique(bad)[:10].tolist()} outside the vocabulary [0, {self.vocab_size - 1}]"
-            )
 
     def window_logits(self, input_ids: np.ndarray) -> np.ndarray:
         """Logits (B, V) of the last token of B windows of ids (B, T) at positions 0..T-1, without a cache: the
@@ -262,7 +242,7 @@ class OnnxBackend:
                 f"attention_mask must have shape (batch, past + sequence) = ({B}, {past + T}) with {past} cached "
                 f"tokens, got {attention_mask.shape}"
             )
-        self._check_vocabulary(input_ids[attention_mask[:, -T:] != 0])  # padding positions may hold any id
+        check_token_ids(input_ids[attention_mask[:, -T:] != 0], self.vocab_size)  # padding positions may hold any id
         if position_ids.min() < 0 or position_ids.max() >= self.block_size:
             raise ValueError(
                 f"position_ids must lie in [0, block_size) = [0, {self.block_size}), got "
@@ -281,31 +261,4 @@ def _as_int64(name: str, array: Any) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.int64)
 
 
-__all__ = [
-    "OnnxBackend",
-    "OnnxCache",
-    "OnnxInPlaceBatch",
-    "INPLACE_FP32_FILE_NAME",
-    "INPLACE_INT8_FILE_NAME",
-    "INPLACE_FORMAT",
-    "INPLACE_INPUT_NAMES",
-    "cache_names",
-    "run_inplace",
-    "UnsupportedGraph",
-    "onnx_path",
-    "weights_sha256",
-    "past_names",
-    "present_names",
-    "session_options",
-    "load_session",
-    "ONNX_SUBDIR",
-    "PAST_NAME",
-    "PRESENT_NAME",
-    "FP32_FILE_NAME",
-    "INT8_FILE_NAME",
-    "INPUT_NAMES",
-    "LOGITS_NAME",
-    "ONNX_FORMAT",
-    "ONNX_FORMAT_VERSION",
-    "REQUIRED_METADATA",
-]
+__all__ = ["OnnxBackend"]

@@ -1,4 +1,5 @@
-"""What computes the logits: the `Backend` protocol every backend implements, and its `DecodeBatch`. numpy only.
+"""What computes the logits: the `Backend` protocol every backend implements, its `DecodeBatch`, and the checks of
+what a backend is given (`check_token_ids`). numpy only.
 
 `TorchBackend` (`torch_backend`) and `OnnxBackend` (`onnx_backend`) implement it; the scheduler (`scheduler`), the
 one token loop of this package, drives them through nothing else.
@@ -74,3 +75,19 @@ def left_pad(prompts: Sequence[Sequence[int]], extra: int = 0) -> tuple[np.ndarr
             ids[b, longest - len(p) : longest] = p
             mask[b, longest - len(p) : longest] = 1
     return ids, mask
+
+
+def check_token_ids(ids, vocab_size: int, name: str = "input_ids") -> None:
+    """A ValueError naming the first ten ids of `ids` (a sequence or an array of any shape, in order) outside the
+    vocabulary [0, vocab_size): an id past it would be embedded as some other row of the table, or not at all. The
+    one check of ids against a vocabulary: the scheduler's of a prompt, the ONNX backend's of its inputs."""
+    ids = np.asarray(ids)
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.size:
+        raise ValueError(f"{name} holds ids {bad[:10].tolist()} outside the vocabulary [0, {vocab_size - 1}]")
+
+
+def describe_backend(backend: Backend) -> str:
+    """What computes the logits, for messages: the backend's `description` (its folder and runtime), else its
+    class's name."""
+    return str(getattr(backend, "description", type(backend).__name__))

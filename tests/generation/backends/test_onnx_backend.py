@@ -13,11 +13,13 @@ import onnx
 import pytest
 from lesson_reference import full_recompute_generate
 
-from gpt_serve.generation.backends.onnx_backend import OnnxBackend, UnsupportedGraph, onnx_path, run_inplace
+from gpt_serve.generation.backends.onnx_backend import OnnxBackend
+from gpt_serve.generation.backends.onnx_session import UnsupportedGraph, run_inplace
 from gpt_serve.generation.backends.torch_backend import TorchBackend
 from gpt_serve.generation.inline import generate_tokens, stream_text
 from gpt_serve.generation.sampling import SamplingParams
 from gpt_serve.models import DEFAULT_MODEL, list_models, model_path
+from gpt_serve.onnx_contract import onnx_path
 from tests.conftest import make_tiny_model
 
 GREEDY = SamplingParams(temperature=0)

@@ -52,7 +52,7 @@ def test_decode_linear_runs_onednn_on_many_rows_each_row_as_alone():
     import torch
     import torch.nn.functional as F
 
-    from gpt_serve.generation.backends.torch_backend import DecodeLinear
+    from gpt_serve.generation.backends.torch_decode import DecodeLinear
 
     torch.manual_seed(0)
     for shape in ((768, 192), (192, 768)):

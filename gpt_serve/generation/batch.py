@@ -1,0 +1,113 @@
+"""The rows a scheduler runs and the forward passes that give them logits: the decode batch with the `Row` of each
+of its rows (`RunningBatch`), and the exact-mode rows past their window, a full window per token (`FullWindowRows`).
+
+A pass other than the decode step (a new row's prefill, a full window) runs each row inside its own error boundary:
+all rows together in one pass or, if that fails, each alone, so that a row whose own forward fails ends with its
+error and the others go on (the output side of a step is `rows.next_tokens`). numpy only; the backend runs the passes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from itertools import islice
+
+import numpy as np
+
+from .backends.protocol import Backend
+from .requests import EngineError
+from .rows import Row
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Fail", "Forwarded", "FullWindowRows", "RunningBatch"]
+
+Fail = Callable[[Row, EngineError], None]  # ends a row's request with its error (the scheduler's)
+Forwarded = tuple[list[Row], np.ndarray, int]  # the rows that got logits, their logits (rows, V), the passes run
+
+
+class RunningBatch:
+    """The rows decoding together: a backend's `DecodeBatch` (`backend.new_batch`) and the `Row` of each of its rows
+    (`rows[i]` is batch row i). Rows join last; a row that leaves is replaced by the last one, in both."""
+
+    def __init__(self, backend: Backend, max_rows: int):
+        self.batch = backend.new_batch(max_rows)
+        self.rows: list[Row] = []
+        self.step = self.batch.step  # the decode step: one token per row (rows,) in, logits (rows, V) out
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def join(self, rows: list[Row], fail: Fail) -> Forwarded:
+        """Prefills `rows` (windows of one length) as new last rows, in one forward pass (or each alone)."""
+        first = len(self.batch)
+        try:
+            logits, forwards = self.batch.add_rows([row.window() for row in rows]), 1
+        except Exception:
+            if len(self.batch) != first:  # a batch left half-changed: nothing else can be trusted
+                raise
+            rows, logits, forwards = _each_alone(rows, lambda row: self.batch.add(row.window()), "the prefill", fail)
+        self.rows += rows
+        return rows, logits, forwards
+
+    def remove(self, index: int) -> None:
+        """Takes row `index` out; the last row moves into its place."""
+        self.batch.remove(index)
+        last = self.rows.pop()
+        if index < len(self.rows):
+            self.rows[index] = last
+
+    def remove_cancelled(self) -> list[Row]:
+        """Takes out the rows whose consumer cancelled; returns them."""
+        gone = []
+        for i in reversed(range(len(self.rows))):
+            if self.rows[i].stream.cancelled.is_set():
+                gone.append(self.rows[i])
+                self.remove(i)
+        return gone
+
+
+class FullWindowRows:
+    """Exact-mode rows past their window, outside the batch: each token of theirs is a full-window forward without a
+    cache (`backend.window_logits`), for up to `per_step` rows per iteration, in turn."""
+
+    def __init__(self, backend: Backend, per_step: int):
+        self.backend, self.per_step = backend, per_step
+        self.rows: deque[Row] = deque()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def forward(self, fail: Fail) -> Forwarded:
+        """The logits after the next rows' last `block_size` tokens, in one forward pass (or each alone). The rows
+        leave the queue once their forward is done (until then, `len` counts them)."""
+        rows, block = list(islice(self.rows, self.per_step)), self.backend.block_size
+        try:
+            out = rows, self.backend.window_logits(np.array([row.ids[-block:] for row in rows], dtype=np.int64)), 1
+        except Exception:
+            alone = lambda row: self.backend.window_logits(np.array([row.ids[-block:]], dtype=np.int64))[0]  # noqa: E731
+            out = _each_alone(rows, alone, "the full-window forward", fail)
+        for _ in rows:
+            self.rows.popleft()
+        return out
+
+    def remove_cancelled(self) -> list[Row]:
+        """Takes out the rows whose consumer cancelled; returns them."""
+        gone = [row for row in self.rows if row.stream.cancelled.is_set()]
+        for row in gone:
+            self.rows.remove(row)
+        return gone
+
+
+def _each_alone(rows: list[Row], forward: Callable[[Row], np.ndarray], what: str, fail: Fail) -> Forwarded:
+    kept, out = [], []
+    for row in rows:
+        try:
+            out.append(forward(row))
+        except Exception as e:
+            logger.exception("%s failed", what)
+            fail(row, EngineError(f"{what} failed for this request: {e}"))
+            continue
+        kept.append(row)
+    return kept, np.stack(out) if out else np.zeros((0, 0), dtype=np.float32), len(kept)
