@@ -16,7 +16,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from gpt_serve.folders.corpus import CORPUS_FILE_NAME, corpus_record_or_none
+from gpt_serve.folders.corpus_record import corpus_record_or_none
+from gpt_serve.models import CORPUS_FILE_NAME
 from gpt_serve.onnx_contract import INT8_FILE_NAME, ONNX_SUBDIR
 
 WEB_DIR = Path(__file__).resolve().parent / "web"

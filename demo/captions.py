@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from gpt_serve.folders.corpus import CorpusRecord
+from gpt_serve.folders.corpus_record import CorpusRecord
 from gpt_serve.folders.markdown import escape
 from gpt_serve.generation import BACKENDS
 from gpt_serve.models import LADDER

@@ -76,7 +76,8 @@ def validation_text(folder: Path, data: Path | None) -> tuple[str, str]:
     """The text the int8 check measures on, and how the report names it: `--data`, else the text the folder's
     `corpus.json` records (found where it was read from, checked by its sha256; Tiny Shakespeare from the user
     cache), else Tiny Shakespeare (a folder from before corpus.json). A ValueError asks for a text that is gone."""
-    from gpt_serve.folders.corpus import TINY_SHAKESPEARE_NAME, load_text, read_corpus_record
+    from gpt_serve.folders.corpus import load_text
+    from gpt_serve.folders.corpus_record import TINY_SHAKESPEARE_NAME, read_corpus_record
 
     if data is not None:
         return load_text(data), f"{data.name} (validation split)"
@@ -92,7 +93,7 @@ def validation_text(folder: Path, data: Path | None) -> tuple[str, str]:
 def training_text_hint(folder: Path) -> str:
     """How to pass the right text when the validation text is not the model's: by the name its corpus.json records
     (a broken record is logged and left out), else without a name."""
-    from gpt_serve.folders.corpus import corpus_record_or_none
+    from gpt_serve.folders.corpus_record import corpus_record_or_none
 
     record = corpus_record_or_none(folder)
     if record is None:

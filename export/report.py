@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from gpt_serve.files import check_regular, refuse_link, write_file
-from gpt_serve.folders.corpus import read_corpus_record
+from gpt_serve.folders.corpus_record import read_corpus_record
 from gpt_serve.models import MODELS_DIR
 
 from .exporter import ExportReport

@@ -146,7 +146,7 @@ def models_root(tmp_path_factory, tiny_model_dir, exported) -> Path:
     """tiny (block_size 16, with onnx/model.onnx and onnx/model_quantized.onnx), ladder-a and ladder-b (block 8),
     each with Tiny Shakespeare's corpus.json."""
     from gpt_serve import CharTokenizer
-    from gpt_serve.folders.corpus import CorpusRecord, write_corpus_record
+    from gpt_serve.folders.corpus_record import CorpusRecord, write_corpus_record
 
     root = tmp_path_factory.mktemp("demo-models")
     folder, report = exported
@@ -169,3 +169,18 @@ def registry(models_root):
     from gpt_serve.serving.registry import ModelRegistry
 
     return ModelRegistry.discover(models_root=models_root, threads=1)
+
+
+@pytest.fixture
+def link_outside(tmp_path):
+    """Makes `link` (its folder created) a symbolic link to someone else's file, `tmp_path/outside.txt` holding
+    `text`, and returns that file: what gpt-serve never writes through."""
+
+    def make(link: Path, text: str = "someone else's\n") -> Path:
+        outside = tmp_path / "outside.txt"
+        outside.write_text(text)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(outside)
+        return outside
+
+    return make

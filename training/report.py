@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from gpt_serve.folders.corpus import CorpusRecord
+from gpt_serve.folders.corpus_record import CorpusRecord
 from gpt_serve.folders.markdown import escape
 
 from .config import ARCH_KEYS, OPTIMIZATION_KEYS

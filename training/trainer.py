@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from gpt_serve import CharGPTConfig, CharGPTForCausalLM, CharTokenizer
 from gpt_serve.chargpt.modeling_chargpt import quiet_weight_loading, upgrade_state_dict
 from gpt_serve.files import write_new_folder
-from gpt_serve.folders.corpus import CorpusRecord, load_text, write_corpus_record
+from gpt_serve.folders.corpus import load_text
+from gpt_serve.folders.corpus_record import CorpusRecord, write_corpus_record
 from gpt_serve.folders.snapshots import StepRecord, snapshot_folder, write_step_record
 
 from .checkpoint import BEST_NAME, CHECKPOINT_NAME, CheckpointError, load_checkpoint, read_checkpoint, save_checkpoint

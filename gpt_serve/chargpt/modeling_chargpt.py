@@ -17,7 +17,10 @@ output capture (`output_hidden_states`, `output_attentions`), `generate()` that 
 (`prepare_inputs_for_generation` slides the window), gradient checkpointing, and `save_pretrained` /
 `from_pretrained` (folders saved before the body/head split load through a key mapping). This file,
 `configuration_chargpt.py` and `window.py` are what `save_pretrained` copies into a folder for
-`trust_remote_code=True`, so they import nothing else of gpt_serve.
+`trust_remote_code=True`, so they import nothing else of gpt_serve. The model stays one file, as each of
+transformers' own models is one modeling file: a second one would be a file every saved folder must carry
+(`gpt_serve.folders.publishing.CODE_FILES`), and its helpers (the attention masks, the old layout's key mapping,
+quiet loading) are few and short.
 """
 
 import contextlib
@@ -83,7 +86,7 @@ class CausalSelfAttention(nn.Module):
     """Communication: `n_head` causal self-attention heads, concatenated, then an output projection.
 
     The lesson's `Head` modules (key, query, value Linears without bias) are fused into one `qkv` Linear of the
-    same size, so all heads run in a single matmul and one attention kernel call (`gpt_serve.folders.importing` maps a
+    same size, so all heads run in a single matmul and one attention kernel call (`gpt_serve.folders.conversion` maps a
     lesson checkpoint's heads into it).
     """
 
@@ -293,6 +296,29 @@ class CharGPTModel(CharGPTPreTrainedModel):
             inputs_embeds (`torch.FloatTensor` of shape `(batch_size, sequence_length, n_embd)`, *optional*):
                 Token embeddings instead of `input_ids` (the position embeddings are still added).
         """
+        self._check_inputs(input_ids, inputs_embeds, attention_mask, position_ids, cache)
+        if use_cache is None:
+            use_cache = self.config.use_cache and not self.training
+        past = cache  # the keys of earlier tokens, if any: a cache made here holds none, so mask and positions skip it
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        padding_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
+        if inputs_embeds is None:
+            inputs_embeds = self._token_embeddings(input_ids, padding_mask)  # (B, T, C)
+        mask = self._causal_mask(inputs_embeds, attention_mask, position_ids, past)
+        if position_ids is None:
+            position_ids = self._positions(padding_mask, past, *inputs_embeds.shape[:2])
+
+        x = self.drop(inputs_embeds + self.position_embedding_table(position_ids))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x, attention_mask=mask, cache=cache, position_ids=position_ids, **kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=self.ln_f(x), cache=cache)
+
+    def _check_inputs(self, input_ids, inputs_embeds, attention_mask, position_ids, cache) -> None:
+        """A ValueError naming what is wrong with the forward's inputs: not exactly one of `input_ids` and
+        `inputs_embeds`, a shape, an empty input, and (where the values are read: a compiled graph skips those
+        checks) a 2D mask that does not cover the cache and the input, ids outside the vocabulary where the mask
+        does not pad, positions outside `[0, block_size)`."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids and inputs_embeds")
         x_in = input_ids if input_ids is not None else inputs_embeds
@@ -306,54 +332,48 @@ class CharGPTModel(CharGPTPreTrainedModel):
         B, T = x_in.shape[:2]
         if T == 0:
             raise ValueError("the input is empty: give at least one token (the lesson starts from a newline, id 0)")
-        if use_cache is None:
-            use_cache = self.config.use_cache and not self.training
-        fresh = use_cache and cache is None  # a cache made here holds nothing yet: the mask needs none
-        if fresh:
-            cache = DynamicCache(config=self.config)
-        checking = not torch.compiler.is_compiling()  # value checks read tensors back: compiled graphs skip them
-        padding_mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
-        if padding_mask is not None and checking:
-            past = 0 if fresh or cache is None else int(cache.get_seq_length())
-            if padding_mask.shape != (B, past + T):
-                raise ValueError(
-                    f"a 2D attention_mask must have shape (batch, past + sequence) = ({B}, {past + T}), "
-                    f"got {tuple(padding_mask.shape)}"
-                )
         if attention_mask is not None and attention_mask.dim() not in (2, 4):
             raise ValueError(
                 "attention_mask must be a 2D (batch, past + sequence) padding mask or a 4D (batch, 1, sequence, keys) "
                 f"mask, got shape {tuple(attention_mask.shape)}"
             )
-
+        if torch.compiler.is_compiling():
+            return  # the checks below read tensors back
+        padded = None
+        if attention_mask is not None and attention_mask.dim() == 2:
+            past = int(cache.get_seq_length()) if cache is not None else 0
+            if attention_mask.shape != (B, past + T):
+                raise ValueError(
+                    f"a 2D attention_mask must have shape (batch, past + sequence) = ({B}, {past + T}), "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            padded = attention_mask[:, -T:] == 0
         if input_ids is not None:
-            if padding_mask is not None:
-                # Padding may hold the tokenizer's pad id, which has no embedding row: embed id 0 there instead (an
-                # id of the vocabulary stays, so `inputs_embeds` of the same ids give the same numbers).
-                outside = (input_ids < 0) | (input_ids >= self.config.vocab_size)
-                input_ids = input_ids.masked_fill((padding_mask[:, -T:] == 0) & outside, 0)
-            if checking:
-                self._check_ids(input_ids)
-            inputs_embeds = self.token_embedding_table(input_ids)  # (B, T, C)
-        if attention_mask is None and position_ids is None and (fresh or cache is None):
-            mask = None  # plain causal attention over all the positions: every kernel's `is_causal` case
-        else:
-            mask = create_causal_mask(
-                config=self.config,
-                inputs_embeds=inputs_embeds,
-                attention_mask=attention_mask,
-                cache=None if fresh else cache,
-                position_ids=position_ids,  # as given: packed sequences show in them
-            )
-        if position_ids is None:
-            position_ids = self._positions(padding_mask, cache if not fresh else None, B, T)
-        elif checking:
+            self._check_ids(input_ids, padded)
+        if position_ids is not None:
             self._check_positions(position_ids)
 
-        x = self.drop(inputs_embeds + self.position_embedding_table(position_ids))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x, attention_mask=mask, cache=cache, position_ids=position_ids, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.ln_f(x), cache=cache)
+    def _token_embeddings(self, input_ids, padding_mask) -> torch.Tensor:
+        """The ids' embeddings. Padding may hold the tokenizer's pad id, which has no embedding row: id 0 is embedded
+        there instead (an id of the vocabulary stays, so `inputs_embeds` of the same ids give the same numbers)."""
+        if padding_mask is not None:
+            outside = (input_ids < 0) | (input_ids >= self.config.vocab_size)
+            input_ids = input_ids.masked_fill((padding_mask[:, -input_ids.shape[1] :] == 0) & outside, 0)
+        return self.token_embedding_table(input_ids)
+
+    def _causal_mask(self, inputs_embeds, attention_mask, position_ids, past: Cache | None):
+        """What the attention kernel is given: None for plain causal attention over all the positions (every
+        kernel's `is_causal` case), else transformers' mask of the padding, a 4D mask, the packed sequences that
+        `position_ids` (as given) show, and the `past` cache's earlier tokens."""
+        if attention_mask is None and position_ids is None and past is None:
+            return None
+        return create_causal_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            cache=past,
+            position_ids=position_ids,
+        )
 
     def _positions(self, padding_mask, cache, B: int, T: int) -> torch.LongTensor:
         """Each token's position: counted over the real tokens of a 2D mask (left padding), else after the cache."""
@@ -375,10 +395,14 @@ class CharGPTModel(CharGPTPreTrainedModel):
                 f"a direct forward must be given at most {block_size} tokens."
             )
 
-    def _check_ids(self, input_ids) -> None:
+    def _check_ids(self, input_ids, padded) -> None:
+        """Ids outside the vocabulary are refused, except where `padded` (a boolean mask, or None) says padding."""
         V = self.config.vocab_size
-        if bool(((input_ids < 0) | (input_ids >= V)).any()):
-            bad = input_ids[(input_ids < 0) | (input_ids >= V)].unique().tolist()
+        outside = (input_ids < 0) | (input_ids >= V)
+        if padded is not None:
+            outside &= ~padded
+        if bool(outside.any()):
+            bad = input_ids[outside].unique().tolist()
             raise ValueError(f"input_ids holds ids {bad[:10]} outside the vocabulary [0, {V - 1}]")
 
 
@@ -392,6 +416,16 @@ def generation_defaults(config: CharGPTConfig) -> dict:
         "max_new_tokens": 200,
         "pad_token_id": config.vocab_size,
     }
+
+
+def window_inputs(input_ids, attention_mask, window: int, new: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention mask of the last `window` tokens (all ones without `attention_mask`) and the positions of its
+    last `new` tokens, counted over its real tokens from 0."""
+    if attention_mask is None:
+        window_mask = torch.ones(input_ids.shape[0], window, dtype=torch.long, device=input_ids.device)
+    else:
+        window_mask = attention_mask[:, -window:]
+    return window_mask, (window_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -new:]
 
 
 class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
@@ -483,14 +517,12 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
 
         Inside the window this is the usual incremental decode. Past it, `window_mode` (a `generate()` argument)
         decides, by the package's one window rule (`gpt_serve.chargpt.window`): `"refill"` (the default) restarts the
-        cache
-        (`cache.reset()`, whatever its class) from the last `refill_tokens` tokens (`generate()` argument, default
-        `block_size // 2`) when it is full; `"exact"` re-runs the last `block_size` tokens at positions
+        cache (`cache.reset()`, whatever its class) from the last `refill_tokens` tokens (`generate()` argument,
+        default `block_size // 2`) when it is full; `"exact"` re-runs the last `block_size` tokens at positions
         `0..block_size-1` every step (the lesson's `idx[:, -block_size:]`). Positions restart at 0 in the window.
         """
         block_size = self.config.block_size
-        # the package's one window rule (`gpt_serve.chargpt.window`); without a cache every step re-reads the whole
-        # window
+        # without a cache every step re-reads the whole window
         keep = window_keep(block_size, window_mode, refill_tokens) if cache is not None else block_size
         kwargs.pop("position_ids", None)  # recomputed from the window below
         past = int(cache.get_seq_length()) if cache is not None else 0
@@ -516,12 +548,7 @@ class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):
             inputs_embeds = None  # the window is generated tokens only
             if cache is not None:
                 cache.reset()
-        window = past + new
-        if attention_mask is None:
-            window_mask = torch.ones(input_ids.shape[0], window, dtype=torch.long, device=input_ids.device)
-        else:
-            window_mask = attention_mask[:, -window:]
-        position_ids = (window_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -new:]
+        window_mask, position_ids = window_inputs(input_ids, attention_mask, past + new, new)
         return super().prepare_inputs_for_generation(
             input_ids,
             next_sequence_length=new,

@@ -38,7 +38,7 @@ def default_prompt(model) -> str:
     """`gpt-serve generate`'s prompt when none is given: the model's first sample prompt (its folder's
     corpus.json), else the empty prompt (the text after a newline; also when that record is broken, a warning says
     so: the model generates all the same, as the demo serves it)."""
-    from ..folders.corpus import corpus_record_or_none
+    from ..folders.corpus_record import corpus_record_or_none
     from ..models import model_path
 
     record = corpus_record_or_none(model_path(model))

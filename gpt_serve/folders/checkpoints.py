@@ -21,6 +21,7 @@ from ..chargpt.vocab import CharVocab
 from ..files import check_regular
 
 LESSON, NANOGPT = "lesson", "nanogpt"
+SOURCE_NAMES = {LESSON: "the lesson's gpt.py", NANOGPT: "nanoGPT"}  # the formats as messages and cards name them
 COMPILE_PREFIX = "_orig_mod."  # what torch.compile's wrapper puts before every name of its state_dict
 META_FILE_NAME = "meta.pkl"
 META_MAX_BYTES = 2**20  # a character vocabulary's pickle is a few kB
@@ -55,11 +56,12 @@ def read_source(path: str | os.PathLike) -> tuple[str, Any]:
     raise ValueError(
         f"{path} is neither a state dict of the lesson's gpt.py (tensors named token_embedding_table.weight, "
         f"blocks.0.sa.heads.0.key.weight, ...) nor a nanoGPT ckpt.pt (a dict with 'model' and 'model_args'): it "
-        f"holds {describe(obj)}"
+        f"holds {describe_unpickled(obj)}"
     )
 
 
-def describe(obj: Any) -> str:
+def describe_unpickled(obj: Any) -> str:
+    """What a loaded checkpoint or pickle holds, for a message: a dict by its first keys, anything else by its type."""
     if isinstance(obj, dict):
         keys = list(obj)
         more = f" and {len(keys) - 6} more" if len(keys) > 6 else ""
@@ -106,7 +108,9 @@ def read_meta(path: str | os.PathLike) -> CharVocab:
     if not _plain(meta):
         raise ValueError(f"{path} is refused: it holds something other than dicts, strings and integers")
     if not isinstance(meta, dict) or not isinstance(meta.get("itos"), dict):
-        raise ValueError(f"{path} is not nanoGPT's meta.pkl: it needs 'itos' (id -> character), got {describe(meta)}")
+        raise ValueError(
+            f"{path} is not nanoGPT's meta.pkl: it needs 'itos' (id -> character), got {describe_unpickled(meta)}"
+        )
     itos, stoi = meta["itos"], meta.get("stoi")
     if sorted(itos, key=repr) != sorted(range(len(itos)), key=repr):
         raise ValueError(f"{path}: 'itos' must map the ids 0..{len(itos) - 1} to characters")
@@ -155,4 +159,13 @@ def find_meta(source: Path, checkpoint: dict, meta: str | os.PathLike | None) ->
     )
 
 
-__all__ = ["LESSON", "NANOGPT", "find_meta", "read_meta", "read_source", "strip_compile_prefix"]
+__all__ = [
+    "LESSON",
+    "NANOGPT",
+    "SOURCE_NAMES",
+    "describe_unpickled",
+    "find_meta",
+    "read_meta",
+    "read_source",
+    "strip_compile_prefix",
+]

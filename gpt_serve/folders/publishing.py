@@ -31,7 +31,7 @@ from pathlib import Path
 from ..files import write_file, write_new_folder
 from ..models import MODEL_FILE_NAMES, ONNX_FILE_NAMES, model_path
 from ..onnx_contract import ONNX_SUBDIR
-from .corpus import read_corpus_record
+from .corpus_record import read_corpus_record
 
 # Copied byte for byte (when regular files of the folder); the rest of MODEL_FILE_NAMES is written from the model.
 COPIED_AS_IS = ("README.md", "loss.png", "metrics.jsonl")

@@ -2,7 +2,7 @@
 
 Torch-free (the ONNX Runtime path uses it). A model folder is a `save_pretrained` folder: `config.json`, the
 weights (`model.safetensors`), the tokenizer files (`vocab.json`, `tokenizer_config.json`), `generation_config.json`,
-a model card, `corpus.json` (what it was trained on: `gpt_serve.folders.corpus.CorpusRecord`) and, once exported,
+a model card, `corpus.json` (what it was trained on: `gpt_serve.folders.corpus_record.CorpusRecord`) and, once exported,
 `onnx/`.
 The shipped ones hold exactly that, data only; the code lives once, in `gpt_serve`.
 
@@ -23,7 +23,7 @@ from ..onnx_contract import FP32_FILE_NAME, INPLACE_FP32_FILE_NAME, INPLACE_INT8
 MODELS_DIR = Path(__file__).resolve().parent
 DEFAULT_MODEL = "shakespeare"
 CONFIG_FILE_NAME = "config.json"
-CORPUS_FILE_NAME = "corpus.json"  # what the model was trained on (`gpt_serve.folders.corpus.CorpusRecord`)
+CORPUS_FILE_NAME = "corpus.json"  # what the model was trained on (`gpt_serve.folders.corpus_record.CorpusRecord`)
 WEIGHTS_FILE_NAME = "model.safetensors"
 MODEL_TYPE = "chargpt"
 # What a model folder holds, by name: what `save_pretrained` of the model and tokenizer writes, the card, and the

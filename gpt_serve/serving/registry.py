@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..folders.corpus import CorpusRecord, corpus_record_or_none
+from ..folders.corpus_record import CorpusRecord, corpus_record_or_none
 from ..generation.backends.loading import LoadedModel, load_backend
 from ..generation.fields import BACKENDS, RequestError, resolve_backend, show_value
 from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, Request, Scheduler, torch_runner

@@ -78,7 +78,7 @@ def test_loading_prints_no_progress_bar(tmp_path):
     import subprocess
     import sys
 
-    from gpt_serve.folders.corpus import read_corpus_record
+    from gpt_serve.folders.corpus_record import read_corpus_record
     from gpt_serve.models import model_path
 
     cmd = [sys.executable, "-m", "gpt_serve", "generate", "ladder-a", "--max-new-tokens", "3", "--threads", "1"]
@@ -94,7 +94,7 @@ def test_generate_starts_from_the_models_own_prompt_and_names_its_flag_for_unkno
 ):
     import shutil
 
-    from gpt_serve.folders.corpus import CorpusRecord, write_corpus_record
+    from gpt_serve.folders.corpus_record import CorpusRecord, write_corpus_record
 
     folder = shutil.copytree(tiny_model_dir, tmp_path / "model")
     write_corpus_record(folder, CorpusRecord("t", "d", ("KING:\nHark",)))
@@ -110,6 +110,6 @@ def test_generate_with_a_broken_corpus_json_warns_and_generates_as_the_demo_serv
 
     folder = shutil.copytree(tiny_model_dir, tmp_path / "model")
     (folder / "corpus.json").write_text("[" * 5000, encoding="utf-8")  # json's RecursionError, once a traceback
-    with caplog.at_level(logging.WARNING, logger="gpt_serve.folders.corpus"):
+    with caplog.at_level(logging.WARNING, logger="gpt_serve.folders.corpus_record"):
         assert main(["generate", str(folder), "--max-new-tokens", "3", "--seed", "0"]) == 0  # from a newline
     assert "corpus.json: its JSON is nested too deep" in caplog.text and "is ignored" in caplog.text

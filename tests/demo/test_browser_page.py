@@ -129,7 +129,7 @@ def test_model_corpus_json_is_the_checked_records_public_part_never_the_file(tmp
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from gpt_serve.folders.corpus import CorpusRecord, write_corpus_record
+    from gpt_serve.folders.corpus_record import CorpusRecord, write_corpus_record
 
     folder = Path(shutil.copytree(models_root / "tiny", tmp_path / "tiny"))
     record = CorpusRecord("my text", "a slice", ("A:",), "a" * 64, str(tmp_path / "secret" / "text.txt"), 10)

@@ -16,7 +16,7 @@ LADDER_TITLE = "Compare the ladder: what each lesson component buys"
 
 
 def save_model(folder: Path, tokenizer, record, seed: int, step=None) -> None:
-    from gpt_serve.folders.corpus import write_corpus_record
+    from gpt_serve.folders.corpus_record import write_corpus_record
     from gpt_serve.folders.snapshots import StepRecord, write_step_record
     from tests.conftest import make_tiny_model
 
@@ -34,7 +34,7 @@ def own_root(tmp_path_factory, models_root) -> Path:
     """The test models plus `code` (its own text and vocabulary), trained to step 40, and its snapshots: steps 10 and
     20 good, 25 with damaged weights, 30 with a damaged step record, 35 of another vocabulary."""
     from gpt_serve import CharTokenizer
-    from gpt_serve.folders.corpus import CorpusRecord
+    from gpt_serve.folders.corpus_record import CorpusRecord
 
     root = Path(shutil.copytree(models_root, tmp_path_factory.mktemp("own") / "models"))
     text = "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int = 0\n\nimport os\n" * 40

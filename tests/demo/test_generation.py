@@ -348,7 +348,7 @@ def test_stop_stops_the_pages_running_stream_whatever_ticket_it_sends(handlers):
 def own_model_root(tmp_path_factory, models_root):
     """The test models plus `code`: a model on another text (its own vocabulary) with its corpus.json."""
     from gpt_serve import CharTokenizer
-    from gpt_serve.folders.corpus import CorpusRecord, write_corpus_record
+    from gpt_serve.folders.corpus_record import CorpusRecord, write_corpus_record
     from tests.conftest import make_tiny_model
 
     root = Path(shutil.copytree(models_root, tmp_path_factory.mktemp("own") / "models"))
@@ -387,7 +387,7 @@ def test_the_page_presents_the_model_it_serves_and_compares_only_within_a_vocabu
 
 def test_a_corpus_name_is_shown_as_text_never_read_as_markdown(own_model_root, tmp_path):
     from demo.captions import intro, model_line, trained_on
-    from gpt_serve.folders.corpus import CorpusRecord, write_corpus_record
+    from gpt_serve.folders.corpus_record import CorpusRecord, write_corpus_record
     from gpt_serve.serving.registry import ModelRegistry
 
     record = CorpusRecord("[click](https://evil.example) <img src=x> **bold**", "a | b `c` _d_ $x$")

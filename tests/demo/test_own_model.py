@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt_serve.folders.corpus import read_corpus_record
+from gpt_serve.folders.corpus_record import read_corpus_record
 
 SHAKESPEARE = ("Shakespeare", "ROMEO", "JULIET")
 # gpt_serve's own modules: a text with its own characters

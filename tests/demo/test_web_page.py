@@ -24,7 +24,7 @@ import pytest
 from demo.browser import ORT_DIST, PAGE_FILES, WEB_DIR, browser_files, missing_files
 from demo.form import FORM
 from gpt_serve.chargpt.vocab import CharVocab
-from gpt_serve.folders.corpus import read_corpus_record
+from gpt_serve.folders.corpus_record import read_corpus_record
 from gpt_serve.generation import SamplingParams, generate_tokens
 from gpt_serve.generation.backends.onnx_backend import OnnxBackend
 from gpt_serve.generation.fields import RequestError

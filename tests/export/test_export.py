@@ -303,7 +303,7 @@ def test_the_export_never_writes_through_a_link(tmp_path, tiny_model_dir, capsys
 
 def test_the_export_validates_on_the_recorded_text_or_asks_for_it_by_name(tiny_model_dir, tmp_path, corpus):
     from export.cli import validation_text
-    from gpt_serve.folders.corpus import CorpusRecord, write_corpus_record
+    from gpt_serve.folders.corpus_record import CorpusRecord, write_corpus_record
 
     text_path = tmp_path / "my-text.txt"
     text_path.write_text(corpus[:5000], encoding="utf-8")
@@ -333,7 +333,7 @@ def test_a_validation_text_outside_the_vocabulary_is_named_as_not_the_training_t
 
 def test_the_cli_says_how_to_pass_the_training_text_naming_it_only_when_recorded(tiny_model_dir, tmp_path, capsys):
     from export.exporter import NotTheTrainingText
-    from gpt_serve.folders.corpus import CorpusRecord, write_corpus_record
+    from gpt_serve.folders.corpus_record import CorpusRecord, write_corpus_record
 
     folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
     code = tmp_path / "code.py"

@@ -1,7 +1,7 @@
-"""gpt_serve.folders.importing, gpt_serve.folders.checkpoints and `gpt-serve import`: checkpoints of the lesson's
-gpt.py and of
-nanoGPT, built from their public layouts (`checkpoint_sources.py`), become model folders that compute what their
-sources compute; bad input is one line, exit 2, and nothing written; a pickle with a code payload runs nothing."""
+"""gpt_serve.folders.importing (with checkpoints, conversion, import_card) and `gpt-serve import`: checkpoints of
+the lesson's gpt.py and of nanoGPT, built from their public layouts (`checkpoint_sources.py`), become model folders
+that compute what their sources compute; bad input is one line, exit 2, and nothing written; a pickle with a code
+payload runs nothing."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import torch
 from gpt_serve import CharGPTForCausalLM
 from gpt_serve.cli import main
 from gpt_serve.folders.checkpoints import read_meta
-from gpt_serve.folders.corpus import TINY_SHAKESPEARE_CHARS, read_corpus_record
+from gpt_serve.folders.corpus import TINY_SHAKESPEARE_CHARS
+from gpt_serve.folders.corpus_record import read_corpus_record
 from gpt_serve.folders.importing import LESSON, NANOGPT, convert, import_checkpoint
 from gpt_serve.generation import SamplingParams, generate_tokens, load_backend
 from tests.folders.checkpoint_sources import (
@@ -402,7 +403,7 @@ def test_a_nanogpt_dataset_name_of_any_kind_gives_a_record_its_reader_takes(tmp_
     """The checkpoint's dataset name is made fit for a record (one line, cut short), and the prompts come from
     train.bin, which the validation never measures (val.bin only when there is no train.bin)."""
     from gpt_serve.chargpt.vocab import CharVocab
-    from gpt_serve.folders.corpus import write_corpus_record
+    from gpt_serve.folders.corpus_record import write_corpus_record
     from gpt_serve.folders.importing import corpus_record
 
     vocab = CharVocab(list("\nABCDEFGHIJKLMNOPQRSTUVWXYZ:ab "))
@@ -423,8 +424,9 @@ def test_a_nanogpt_dataset_name_of_any_kind_gives_a_record_its_reader_takes(tmp_
 
 
 def test_the_card_escapes_the_texts_name_and_gives_no_prompt_without_one(tmp_path, tiny_model_dir, tokenizer):
-    from gpt_serve.folders.corpus import CorpusRecord
-    from gpt_serve.folders.importing import Imported, model_card
+    from gpt_serve.folders.conversion import Imported
+    from gpt_serve.folders.corpus_record import CorpusRecord
+    from gpt_serve.folders.import_card import model_card
 
     model = CharGPTForCausalLM.from_pretrained(tiny_model_dir).eval()
     imported = Imported(model, tokenizer.vocab, NANOGPT, tmp_path / "ckpt.pt", "0" * 64, "meta.pkl")

@@ -81,14 +81,11 @@ def test_write_file_replaces_whole_with_the_usual_mode_and_leaves_no_temporary_f
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "blob"]
 
 
-def test_no_writer_writes_through_a_link(tmp_path):
+def test_no_writer_writes_through_a_link(tmp_path, link_outside):
     from gpt_serve.files import folder_to_write, write_file
 
-    outside = tmp_path / "outside.txt"
-    outside.write_text("someone else's")
     folder = tmp_path / "model"
-    folder.mkdir()
-    os.symlink(outside, folder / "README.md")
+    outside = link_outside(folder / "README.md", "someone else's")
     with pytest.raises(ValueError, match=r"model/README.md is a symbolic link \(to .*outside.txt\); gpt-serve never"):
         write_file(folder / "README.md", "text")
     elsewhere = tmp_path / "elsewhere"

@@ -134,13 +134,10 @@ def test_a_real_error_is_not_mistaken_for_a_full_disk(tmp_path):
     assert shutil.disk_usage(tmp_path).free > outputs.LOW_SPACE_BYTES
 
 
-def test_a_run_refuses_an_output_folder_holding_a_link_and_writes_nothing(tmp_path, make_config):
+def test_a_run_refuses_an_output_folder_holding_a_link_and_writes_nothing(tmp_path, make_config, link_outside):
     """Issue 32: nothing is written through a symbolic link; a run's folder holding one is refused at the start."""
-    outside = tmp_path / "outside.jsonl"
-    outside.write_text("someone else's\n")
     out = tmp_path / "run"
-    out.mkdir()
-    os.symlink(outside, out / "metrics.jsonl")
+    outside = link_outside(out / "metrics.jsonl")
     with pytest.raises(ValueError, match=r"run/metrics.jsonl is a symbolic link .* never writes through a link"):
         Trainer(make_config(out, max_iters=2, eval_interval=2, sample_tokens=0)).fit()
     assert outside.read_text() == "someone else's\n"

@@ -77,7 +77,7 @@ def test_model_card_has_front_matter_losses_command_hardware_and_sample(trained,
 
 
 def test_the_folder_records_its_corpus(trained, small_data_path):
-    from gpt_serve.folders.corpus import CorpusRecord, read_corpus_record
+    from gpt_serve.folders.corpus_record import CorpusRecord, read_corpus_record
 
     trainer, _, out = trained
     record = read_corpus_record(out)
@@ -91,7 +91,7 @@ def test_the_folder_records_its_corpus(trained, small_data_path):
 def test_model_card_names_the_hub_dataset_for_tiny_shakespeare_and_parses_for_any_folder_name(tmp_path, corpus):
     from huggingface_hub import ModelCard
 
-    from gpt_serve.folders.corpus import CorpusRecord
+    from gpt_serve.folders.corpus_record import CorpusRecord
     from training.report import card_data
 
     data = card_data("x: y", 1.4786, 1.31, CorpusRecord.of(corpus, "input.txt"))
