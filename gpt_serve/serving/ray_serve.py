@@ -178,7 +178,7 @@ def serving(
         ray.init(address=address)
     try:
         if local:
-            _check_cpus(ray.cluster_resources().get("CPU", 0.0), options)
+            check_cpus(ray.cluster_resources().get("CPU", 0.0), options)
         serve.start(http_options={"host": host, "port": port})
         logging_config = {"log_level": log_level.upper()}
         try:
@@ -235,7 +235,8 @@ def _root_url(serve, asked: str) -> str:
         return asked
 
 
-def _check_cpus(available: float, options: RayServeOptions) -> None:
+def check_cpus(available: float, options: RayServeOptions) -> None:
+    """ValueError, saying what to change, when the replicas ask for more CPUs than a local Ray instance has."""
     needed = options.replicas * options.replica_cpus
     if needed > available:
         raise ValueError(

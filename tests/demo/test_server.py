@@ -177,7 +177,7 @@ def test_cli_starts_quickly_and_serves(models_root, tmp_path):
     """`python -m demo` with a models folder: preloads, binds 127.0.0.1 by default, answers the API; closes a
     connection whose headers do not come within --header-timeout; on SIGTERM, the OpenAI API's open stream ends
     with its `data: [DONE]` after --shutdown-timeout, and the demo exits cleanly."""
-    from tests.serving.test_api_hardening import closed_within
+    from tests.serving.test_api_lifecycle import closed_within
 
     port = free_port()
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}

@@ -60,11 +60,11 @@ def test_options_take_serve_run_arguments_and_name_bad_ones():
 
 
 def test_a_local_instance_must_have_the_cpus_the_replicas_ask_for():
-    from gpt_serve.serving.ray_serve import _check_cpus
+    from gpt_serve.serving.ray_serve import check_cpus
 
-    _check_cpus(2, RayServeOptions(replicas=4, replica_cpus=0.5))
+    check_cpus(2, RayServeOptions(replicas=4, replica_cpus=0.5))
     with pytest.raises(ValueError, match="3 replicas at 1 CPU each need 3 CPUs but the local Ray instance has 2"):
-        _check_cpus(2, RayServeOptions(replicas=3))
+        check_cpus(2, RayServeOptions(replicas=3))
 
 
 def test_each_replica_finds_the_models_on_its_machine(models_root, tmp_path):

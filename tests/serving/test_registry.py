@@ -115,7 +115,8 @@ def test_pytorch_models_load_and_decode_on_one_thread_onnx_on_their_own(models_r
         onnx_a, onnx_b = (registry.scheduler("tiny", key) for key in ("onnx", "onnx-int8"))
         assert torch_a.call(thread_name) == torch_b.call(thread_name) == "gpt-serve-torch"
         assert onnx_a.call(thread_name) == onnx_b.call(thread_name) == "gpt-serve-scheduler"
-        assert torch_a._runner is torch_b._runner and onnx_a._runner is not onnx_b._runner
+        threads = [s.call(threading.current_thread) for s in (torch_a, torch_b, onnx_a, onnx_b)]
+        assert threads[0] is threads[1] and threads[2] is not threads[3]  # one runner for PyTorch, one per ONNX
         assert loads == [("torch", "gpt-serve-torch")] * 2 + [(key, "MainThread") for key in ("onnx", "onnx-int8")]
     finally:
         registry.close()

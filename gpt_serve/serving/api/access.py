@@ -1,0 +1,61 @@
+"""Who may call the API's routes, and from which browser origins: the route class that checks the API key and adds
+the CORS headers, and the answer to a browser's CORS preflight.
+
+Both live in the routes themselves, not in a middleware, so both hold wherever the router is mounted: `gpt-serve
+serve`'s app, or the demo's, which has started before the API is added to it. (`gpt-serve serve`'s app adds
+`limits.KeyGate` too, which refuses a request without the key before its body is read.)
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+
+from ..limits import KeyGate, bears_key
+from ..protocol import APIError
+from .errors import error_response
+from .state import APIState, APIStateDep, bind_state
+
+CORS_HEADERS = {
+    "access-control-allow-methods": "GET, POST",
+    "access-control-allow-headers": "authorization, content-type",
+    "access-control-max-age": "600",
+}
+PREFLIGHT_PATHS = ("/v1/{path:path}", "/tokenize", "/detokenize", "/version", "/health", "/metrics")
+
+
+def guarded_route(state: APIState, api_key: str | None) -> type[APIRoute]:
+    """A route class for the API's routes: each request gets `state` (`api_state`), a 401 in OpenAI's format unless
+    it bears `api_key` (None: no check), and CORS headers for the state's `allow_origins`."""
+
+    class GuardedRoute(APIRoute):
+        def get_route_handler(self):
+            handler = super().get_route_handler()
+
+            async def route(http: Request) -> Response:
+                bind_state(http, state)
+                if api_key is not None and not bears_key(http.headers.get("authorization", ""), api_key):
+                    response = error_response(APIError(401, KeyGate.MESSAGE, None, "authentication_error"))
+                else:
+                    response = await handler(http)
+                origin = http.headers.get("origin")
+                if origin is not None and origin in state.allow_origins:
+                    response.headers["access-control-allow-origin"] = origin
+                    response.headers["vary"] = "Origin"
+                return response
+
+            return route
+
+    return GuardedRoute
+
+
+def preflight(http: Request, state: APIStateDep):
+    """A browser's CORS preflight (it sends no API key): the allowed methods and headers, for a named origin."""
+    allowed = http.headers.get("origin") in state.allow_origins
+    return Response(status_code=204, headers=CORS_HEADERS if allowed else {})
+
+
+preflight_router = APIRouter()
+for _path in PREFLIGHT_PATHS:
+    preflight_router.add_api_route(_path, preflight, methods=["OPTIONS"], include_in_schema=False)
