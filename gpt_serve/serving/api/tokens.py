@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from ...generation.backends.protocol import check_token_ids
 from ...generation.fields import RequestError, check_value, show_value
 from ...generation.text import encode_prompt
 from ..limits import parse_json
@@ -79,7 +80,8 @@ def decode_ids(vocab, ids, field: str) -> str:
     """The text of token ids (`field` of the request); APIError 400 for what is not a list of the vocabulary's ids."""
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise APIError(400, f"{field} must be a list of token ids, got {show_value(ids)}", field)
-    bad = [t for t in ids if not 0 <= t < len(vocab)]
-    if bad:
-        raise APIError(400, f"{field} holds ids {bad[:10]} outside the vocabulary [0, {len(vocab) - 1}]", field)
+    try:
+        check_token_ids(ids, len(vocab), field)
+    except ValueError as e:
+        raise APIError(400, str(e), field) from None
     return vocab.decode(ids)
