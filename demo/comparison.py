@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpt_serve.folders.snapshots import SNAPSHOTS_DIR, StepRecord, read_step_record, snapshot_folders
+from gpt_serve.folders.snapshots import SNAPSHOTS_DIR, StepRecord, read_step_record, snapshot_folders, snapshot_step
 from gpt_serve.models import is_model_folder
 from gpt_serve.serving.registry import LADDER_MODELS, ModelRegistry, RequestError
 
@@ -53,10 +53,6 @@ class Comparison:
     button: str
     columns: tuple[Column, ...]
     own: ModelRegistry | None = None
-
-    @property
-    def names(self) -> list[str]:
-        return [c.name for c in self.columns]
 
     def close(self) -> None:
         if self.own is not None:
@@ -168,7 +164,7 @@ def _step_record(folder: Path) -> StepRecord | None:
 def _snapshot_column(own: ModelRegistry, name: str, folder: Path, default_model: str, vocab: str | None) -> Column:
     """A snapshot's column: 'step 1,000 · val loss 1.91', or, when it cannot run, why."""
     elem_id = f"compare-{folder.name}"
-    fallback = step_text(int(folder.name.split("-", 1)[1]))
+    fallback = step_text(snapshot_step(folder))  # `folder` is one of `snapshot_folders`: a snapshot's name
     try:
         record = read_step_record(folder)
     except ValueError as e:

@@ -97,7 +97,11 @@ class DemoHandlers:
         # the comparison's columns (the ladder, or the model's earlier checkpoints); None: the page has none
         self.comparison = comparison_for(registry, default_model)
         self.columns = self.comparison.columns if self.comparison else (Column(default_model, registry, "", ""),)
-        self.compared = [c.name for c in self.columns]
+
+    @property
+    def compared(self) -> list[str]:
+        """The names of the comparison's columns (the default model alone: the page has no comparison)."""
+        return [c.name for c in self.columns]
 
     def close(self) -> None:
         """Stops the decode loops the handlers started of their own (the snapshots'); the server's registry is its

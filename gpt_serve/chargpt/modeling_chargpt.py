@@ -378,7 +378,7 @@ class CharGPTModel(CharGPTPreTrainedModel):
     def _positions(self, padding_mask, cache, B: int, T: int) -> torch.LongTensor:
         """Each token's position: counted over the real tokens of a 2D mask (left padding), else after the cache."""
         if padding_mask is not None:
-            position_ids = (padding_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+            position_ids = mask_positions(padding_mask, T)
         else:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(T, device=self.token_embedding_table.weight.device) + past).expand(B, T)
@@ -425,7 +425,13 @@ def window_inputs(input_ids, attention_mask, window: int, new: int) -> tuple[tor
         window_mask = torch.ones(input_ids.shape[0], window, dtype=torch.long, device=input_ids.device)
     else:
         window_mask = attention_mask[:, -window:]
-    return window_mask, (window_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -new:]
+    return window_mask, mask_positions(window_mask, new)
+
+
+def mask_positions(mask: torch.Tensor, last: int) -> torch.LongTensor:
+    """The positions of the `last` tokens of a 2D padding mask (1 = a real token), counted over its real tokens from
+    0 (left padding sits at 0)."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -last:]
 
 
 class CharGPTForCausalLM(CharGPTPreTrainedModel, GenerationMixin):

@@ -35,13 +35,19 @@ def snapshot_folder(model_folder: str | os.PathLike, step: int) -> Path:
     return Path(model_folder) / SNAPSHOTS_DIR / snapshot_name(step)
 
 
+def snapshot_step(folder: str | os.PathLike) -> int | None:
+    """The step a snapshot folder's name says (`step-000200` -> 200); None for a name that is not a snapshot's."""
+    m = _SNAPSHOT_NAME.fullmatch(Path(folder).name)
+    return int(m.group(1)) if m else None
+
+
 def snapshot_folders(model_folder: str | os.PathLike) -> list[Path]:
     """The model folder's snapshot folders (`snapshots/step-NNNNNN`, whatever they hold), by step; none when it
     has no `snapshots/`. Other entries (a run's temporary folders, a stray file) are not snapshots."""
     root = Path(model_folder) / SNAPSHOTS_DIR
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _SNAPSHOT_NAME.fullmatch(p.name)) and p.is_dir()]
+    found = [(step, p) for p in root.iterdir() if (step := snapshot_step(p)) is not None and p.is_dir()]
     return [path for _, path in sorted(found)]
 
 
