@@ -56,3 +56,20 @@ def test_tokenize_refuses_a_bad_unk_policy_as_the_request_parser_does(registry, 
     assert tokenized.json() == completed.json()
     assert tokenized.json()["error"]["param"] == "unk_policy"
     assert tokenized.json()["error"]["message"].startswith("unk_policy must be one of ['error', 'drop', 'replace']")
+
+
+@pytest.mark.parametrize(
+    "ids, message",
+    [
+        ([1, 10**6, -1, 10**20], "tokens holds ids [1000000, -1, 100000000000000000000] outside the vocabulary [0, "),
+        ("ABC", "tokens must be a list of token ids, got 'ABC'"),
+        ([1, 2.0], "tokens must be a list of token ids, got [1, 2.0]"),
+        ([True], "tokens must be a list of token ids, got [True]"),
+    ],
+)
+def test_detokenize_refuses_what_is_not_ids_of_the_vocabulary(registry, ids, message):
+    client = serve_alone(tokens.router, registry)
+    answer = client.post("/detokenize", json={"model": "tiny", "tokens": ids})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "tokens" and error["message"].startswith(message), error
