@@ -111,6 +111,7 @@ class Scheduler:
         self._recompute = FullWindowRows(backend, max_recompute_per_step)  # exact-mode rows past their window
         self.steps = 0  # forward passes run (decode steps, prefills, full-window recomputes, scoring chunks)
         self.tokens = 0
+        self._published = dict(active=0, waiting=0, scoring=0, steps=0, tokens=0)  # `stats`: set by `_publish`
         self._to_wake: list = []  # streams and scorings given something since the last `wake_waiters`
         self._owns_runner = runner is None
         self._runner = runner or Runner()
@@ -151,14 +152,11 @@ class Scheduler:
         return self._runner.call(function, *args)
 
     def stats(self) -> dict[str, int]:
-        waiting, scoring = self._queue.counts()
-        return dict(
-            active=len(self._batch) + len(self._recompute),
-            waiting=waiting,
-            scoring=scoring,
-            steps=self.steps,
-            tokens=self.tokens,
-        )
+        """The loop's counts as its last iteration left them: rows decoding (`active`), requests and scorings
+        queued, forward passes run and tokens made. One consistent reading, never one taken halfway through an
+        iteration (where a row that refills its window is out of the batch, or an admitted request is neither
+        queued nor running yet): `active` and `waiting` both 0 means the loop has nothing left to run."""
+        return dict(self._published)
 
     def close(self) -> None:
         """Stops the loop; requests still running or waiting end with an error."""
@@ -209,6 +207,7 @@ class Scheduler:
         except Exception as e:  # a broken backend: the running requests end with the error, the loop goes on
             logger.exception("decode step failed")
             self._fail_all(e)
+        self._publish()
         self._wake_async()
         return bool(self._batch.rows or self._recompute or any(self._queue.counts()))
 
@@ -217,6 +216,7 @@ class Scheduler:
         failed (the scheduler is closed then)."""
         self._queue.close()
         self._fail_all(error or RuntimeError("the scheduler was closed"), waiting=True, fresh_batch=False)
+        self._publish()
         self._wake_async()
         self._stopped.set()
 
@@ -228,6 +228,17 @@ class Scheduler:
 
     def _fail(self, row: Row, error: BaseException) -> None:
         self._end(row.stream, error)
+
+    def _publish(self) -> None:
+        """Sets what `stats` reads (on the runner's thread, between two iterations), as one new dict."""
+        waiting, scoring = self._queue.counts()
+        self._published = dict(
+            active=len(self._batch) + len(self._recompute),
+            waiting=waiting,
+            scoring=scoring,
+            steps=self.steps,
+            tokens=self.tokens,
+        )
 
     def _wake_async(self) -> None:
         """Wakes the async waiters of the streams and scorings given something since the last call."""
