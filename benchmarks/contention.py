@@ -47,7 +47,7 @@ def child(backend_key: str, streams: int, tokens: int, threads: int) -> dict:
     import torch
 
     from gpt_serve.generation import SamplingParams
-    from gpt_serve.generation.scheduler import Request
+    from gpt_serve.generation.requests import Request
     from gpt_serve.models import model_path
     from gpt_serve.serving.registry import ModelRegistry
 

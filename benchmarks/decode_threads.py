@@ -11,7 +11,7 @@ up. Each layout runs in a fresh process (`--layout` runs one), prints the median
 - `main`: the model loaded and decoded on the main thread (one team: what `gpt-serve generate` does);
 - `second-thread`: loaded on the main thread, which keeps its team (one more parallel op there after loading, as a
   server's other threads may run), decoded on another thread: two teams;
-- `runner`: loaded and decoded on the shared runner (`ModelRegistry`, `scheduler.torch_runner()`), the main thread
+- `runner`: loaded and decoded on the shared runner (`ModelRegistry`, `runner.torch_runner()`), the main thread
   never running a parallel op: the servers' way.
 
 A script, not a test.

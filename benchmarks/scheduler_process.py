@@ -22,7 +22,8 @@ if sys.path and Path(sys.path[0]).resolve() == ROOT / "benchmarks":
     sys.path[0] = str(ROOT)  # the repository's packages, not this folder's scripts
 
 from gpt_serve.generation import SamplingParams  # noqa: E402
-from gpt_serve.generation.scheduler import Request, Scheduler  # noqa: E402
+from gpt_serve.generation.requests import Request  # noqa: E402
+from gpt_serve.generation.scheduler import Scheduler  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,7 +46,8 @@ if sys.path and Path(sys.path[0]).resolve() == ROOT / "benchmarks":
 
 from gpt_serve.cli.flags import non_negative_float  # noqa: E402
 from gpt_serve.generation import SamplingParams  # noqa: E402
-from gpt_serve.generation.scheduler import Request, Scheduler  # noqa: E402
+from gpt_serve.generation.requests import Request  # noqa: E402
+from gpt_serve.generation.scheduler import Scheduler  # noqa: E402
 from gpt_serve.models import model_path  # noqa: E402
 from gpt_serve.serving.registry import ModelRegistry  # noqa: E402
 

@@ -180,6 +180,26 @@ def mount_api(app, registry, default_backend: str, max_tokens_limit: int, **acce
     return drain
 
 
+def mount_at_start(options: dict, registry, browser_model: str, default_backend: str, max_tokens_limit: int, **access):
+    """Makes `options` (`Blocks.launch` arguments, `launch_options`) mount the OpenAI-compatible API (`mount_api`)
+    and the in-browser page of `browser_model` (`mount_browser`) before the server accepts its first connection:
+    uvicorn runs the lifespan's start first (Gradio runs its own lifespan, then this one), so a request sent as soon
+    as the page answers finds /v1 and /browser/. Returns a dict that holds, once the server has started, the API's
+    `Drain` (`"drain"`) and why the browser page is missing, if it is (`"missing"`)."""
+    from .browser import mount_browser
+
+    mounted = {}
+
+    @contextlib.asynccontextmanager
+    async def mount_routes(app):
+        mounted["drain"] = mount_api(app, registry, default_backend, max_tokens_limit, **access)
+        mounted["missing"] = mount_browser(app, registry.folder(browser_model))
+        yield
+
+    options["app_kwargs"]["lifespan"] = mount_routes
+    return mounted
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.mcp and importlib.util.find_spec("mcp") is None:
@@ -208,7 +228,6 @@ def main(argv: list[str] | None = None) -> int:
     from gpt_serve.serving.registry import ModelRegistry
 
     from .app import build_demo, launch_options
-    from .browser import mount_browser
     from .generation import Limits
 
     try:
@@ -239,18 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         max_updates_per_second=args.max_updates_per_second or None,
         concurrency=args.concurrency,
     )
-    mounted = {}
-
-    @contextlib.asynccontextmanager
-    async def mount_routes(app):
-        """/v1 and /browser/ join the app before the server accepts its first connection (uvicorn runs the lifespan's
-        start first): a request sent as soon as the page answers finds them."""
-        mounted["drain"] = mount_api(app, registry, args.backend, args.max_new_tokens_limit, **access)
-        mounted["missing"] = mount_browser(app, registry.folder(default_model))
-        yield
-
     options = launch_options(limits, access["api_key"], access["metrics_need_key"])
-    options["app_kwargs"]["lifespan"] = mount_routes  # Gradio runs its own lifespan, then this one
+    mounted = mount_at_start(options, registry, default_model, args.backend, args.max_new_tokens_limit, **access)
     try:
         demo.launch(
             server_name=args.host,

@@ -35,7 +35,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from gpt_serve import __version__
-from gpt_serve.chargpt.modeling_chargpt import CharGPTForCausalLM, causal_bias
+from gpt_serve.chargpt.modeling_chargpt import CharGPTForCausalLM, causal_bias, mask_positions
 from gpt_serve.chargpt.vocab import CharVocab
 from gpt_serve.onnx_contract import (
     ATTENTION_MASK_NAME,
@@ -252,7 +252,7 @@ def example_inputs(model: CharGPTForCausalLM) -> tuple[torch.Tensor, ...]:
     input_ids = torch.arange(B * T).reshape(B, T) % config.vocab_size
     attention_mask = torch.ones(B, P + T, dtype=torch.long)
     attention_mask[1, :1] = 0  # left padding: keeps the mask (an all-ones mask would be dropped while tracing)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -T:]
+    position_ids = mask_positions(attention_mask, T)
     past = [torch.zeros(B, config.n_head, P, config.head_size) for _ in range(2 * config.n_layer)]
     return (input_ids, attention_mask, position_ids, *past)
 

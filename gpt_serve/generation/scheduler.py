@@ -53,15 +53,14 @@ from ..chargpt.window import window_start
 from .backends.protocol import Backend, describe_backend
 from .batch import FullWindowRows, RunningBatch
 from .fields import check_value
-from .requests import EngineError, Request, Scoring, ServerBusy, Stream, check_prompt_ids, check_request, wake_waiters
+from .requests import EngineError, Request, Scoring, Stream, check_prompt_ids, check_request, wake_waiters
 from .rows import Outcome, Row, next_tokens
-from .runner import InlineRunner, Runner, torch_runner
+from .runner import InlineRunner, Runner
 from .waiting import WaitingQueue
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineError", "InlineRunner", "Request", "Runner", "Scheduler", "Scoring", "ServerBusy", "Stream"]
-__all__ += ["torch_runner"]
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_QUEUE", "MAX_TOKENS_PER_STEP", "Scheduler"]
 
 DEFAULT_MAX_BATCH = 16  # rows decoding together, every surface's default (`gpt-serve serve --max-batch`)
 DEFAULT_MAX_QUEUE = 256  # requests waiting for a row before the next is refused (a 429)

@@ -23,7 +23,9 @@ from typing import Any
 from ..folders.corpus_record import CorpusRecord, corpus_record_or_none
 from ..generation.backends.loading import LoadedModel, load_backend
 from ..generation.fields import BACKENDS, RequestError, resolve_backend, show_value
-from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, Request, Scheduler, torch_runner
+from ..generation.requests import Request
+from ..generation.runner import torch_runner
+from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, Scheduler
 from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
 from ..onnx_contract import onnx_path
 
@@ -69,7 +71,7 @@ def _last_val_loss(path: Path) -> float | None:
 
 def _runner(backend: str):
     """The runner a backend's models load and decode on: the shared `torch_runner()` for PyTorch (see
-    `scheduler.Runner`), None for ONNX Runtime (loaded by the caller; each scheduler gets a thread of its own)."""
+    `runner.Runner`), None for ONNX Runtime (loaded by the caller; each scheduler gets a thread of its own)."""
     return torch_runner() if backend == "torch" else None
 
 
@@ -238,7 +240,7 @@ class ModelRegistry:
             if key not in self._loaded:
                 try:
                     runner = _runner(key[1])
-                    if runner is not None:  # loaded on the thread that will decode it (see `scheduler.Runner`)
+                    if runner is not None:  # loaded on the thread that will decode it (see `runner.Runner`)
                         loaded = runner.call(load_backend, folder, key[1], self.threads)
                     else:
                         loaded = load_backend(folder, key[1], self.threads)

@@ -38,20 +38,21 @@ def serve(blocks, registry=None, browser_model: str = "tiny", api_key: str | Non
     and the in-browser page of its model `browser_model` mounted as `python -m demo` does (with `api_key`, as
     `python -m demo --api-key`); yields its URL; closes it."""
     from demo.app import launch_options
-    from demo.browser import mount_browser
-    from demo.cli import mount_api
+    from demo.cli import mount_at_start
 
-    app, url, _ = blocks.launch(
+    options = launch_options(api_key=api_key)
+    if registry is not None:  # the browser page's files are checked by tests/demo/test_browser_page.py
+        mounted = mount_at_start(options, registry, browser_model, "torch", SERVER_MAX_NEW_TOKENS, api_key=api_key)
+    _, url, _ = blocks.launch(
         server_name="127.0.0.1",
         server_port=free_port(),
         prevent_thread_lock=True,
         quiet=True,
         ssr_mode=False,
-        **launch_options(api_key=api_key),
+        **options,
     )
     if registry is not None:
-        assert mount_api(app, registry, "torch", SERVER_MAX_NEW_TOKENS, api_key=api_key)
-        mount_browser(app, registry.folder(browser_model))  # its files are checked by tests/demo/test_browser_page.py
+        assert mounted["drain"] is not None  # mounted before the launch returned
     try:
         yield url
     finally:

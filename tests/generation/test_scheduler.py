@@ -14,7 +14,8 @@ import pytest
 from gpt_serve.generation import SamplingParams, generate_tokens
 from gpt_serve.generation.backends.onnx_backend import OnnxBackend
 from gpt_serve.generation.backends.torch_backend import TorchBackend
-from gpt_serve.generation.scheduler import Request, Scheduler, ServerBusy
+from gpt_serve.generation.requests import Request, ServerBusy
+from gpt_serve.generation.scheduler import Scheduler
 from tests.conftest import make_tiny_model
 from tests.helpers import wait_until
 
@@ -254,7 +255,7 @@ def test_asyncio_consumers_get_the_same_tokens_and_a_cancelled_one_frees_its_row
 def test_a_decode_loop_that_fails_outright_ends_its_requests_and_the_shared_runner_goes_on():
     """A backend whose step fails and that cannot even make a fresh batch (out of memory): that scheduler's requests
     end with the error and it closes; another scheduler on the same runner keeps serving."""
-    from gpt_serve.generation.scheduler import Runner
+    from gpt_serve.generation.runner import Runner
 
     runner = Runner("test-runner")
     broken, healthy = TorchBackend(make_tiny_model()), TorchBackend(make_tiny_model())
@@ -306,7 +307,7 @@ def test_a_request_cancelled_during_its_own_forward_pass_still_ends_its_stream(w
 
 
 def test_stopping_a_runner_ends_the_loops_it_runs():
-    from gpt_serve.generation.scheduler import Runner
+    from gpt_serve.generation.runner import Runner
 
     runner = Runner("test-runner")
     scheduler = Scheduler(TorchBackend(make_tiny_model()), max_batch=2, runner=runner)
@@ -322,7 +323,9 @@ def test_a_process_that_exits_while_its_models_decode_exits_cleanly():
     """Interpreter exit with a PyTorch decode loop mid-stream (an error in a user's script, Ctrl+C): the runners
     stop first, so the process exits with its own status instead of aborting inside a PyTorch op."""
     script = """
-from gpt_serve.generation.scheduler import Request, Scheduler, torch_runner
+from gpt_serve.generation.requests import Request
+from gpt_serve.generation.runner import torch_runner
+from gpt_serve.generation.scheduler import Scheduler
 from gpt_serve.generation.backends.torch_backend import TorchBackend
 from tests.conftest import make_tiny_model
 runner = torch_runner()

@@ -99,7 +99,7 @@ def test_preload_says_why_a_model_with_broken_weights_cannot_be_loaded(models_ro
 
 def test_pytorch_models_load_and_decode_on_one_thread_onnx_on_their_own(models_root, monkeypatch):
     """Every PyTorch model of a process is loaded and decoded on the shared runner's thread (a second OpenMP thread
-    team slows each decode step up to 3x: see `scheduler.Runner`); ONNX Runtime schedulers get a thread each."""
+    team slows each decode step up to 3x: see `runner.Runner`); ONNX Runtime schedulers get a thread each."""
     import threading
 
     import gpt_serve.serving.registry as registry_module
