@@ -86,7 +86,7 @@ def validation_text(folder: Path, data: Path | None) -> tuple[str, str]:
         return load_text(None), f"{TINY_SHAKESPEARE_NAME} (validation split; {folder} records no corpus.json)"
     text = record.find_text()  # the text whose sha256 was checked, not read again
     if text is None:
-        raise ValueError(f"{record.missing_text_message()}. Pass --data PATH to that text")
+        raise ValueError(f"{record.missing_text_message()}: pass --data PATH to that text, or --no-quantize")
     return text, f"{record.name} (validation split)"
 
 
@@ -133,10 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             text, source = validation_text(folder, args.data)
         except (OSError, ValueError) as e:
-            print(
-                f"error: no validation text for the int8 check ({e}); pass --data PATH or --no-quantize",
-                file=sys.stderr,
-            )
+            remedy = "" if "--no-quantize" in str(e) else "; pass --data PATH or --no-quantize"
+            print(f"error: no validation text for the int8 check: {e}{remedy}", file=sys.stderr)
             return 2
     try:
         report = export_model(

@@ -10,17 +10,19 @@ A copy is meant to be uploaded as it is, so it holds what a model folder is and 
 
 - the model is loaded with every check of `load_backend` (safetensors only, the vocabulary, finite weights) and
   written again: `config.json` (its `auto_map` ours alone), `model.safetensors`, `generation_config.json`, the
-  tokenizer files, and the package's own code files;
+  tokenizer files, and the package's own code files; so are the folder's records, read with their checks: its text
+  (`corpus.json`, without `source`, where the text lies on this machine) and its training step (`step.json`);
 - the card (its "## Use" section rewritten), the training's `loss.png` and `metrics.jsonl`, and the export's files in
   `onnx/` (by name, `gpt_serve.models.ONNX_FILE_NAMES`) are copied byte for byte, when each is a regular file of
   the folder: never a symbolic link (its target may be anywhere: a secret file would be published);
 - everything else is skipped, and said so: another code file (`evil.py`, which a foreign `auto_map` entry would
   make `trust_remote_code=True` import), a pickle (`pytorch_model.bin`: it can run code when loaded), a link, any
-  other file.
+  other file; a training run's `checkpoints/` and `snapshots/` (each snapshot is a folder to copy on its own).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -31,12 +33,20 @@ from pathlib import Path
 from ..files import write_file, write_new_folder
 from ..models import MODEL_FILE_NAMES, ONNX_FILE_NAMES, model_path
 from ..onnx_contract import ONNX_SUBDIR
-from .corpus_record import read_corpus_record
+from .corpus_record import read_corpus_record, write_corpus_record
+from .snapshots import SNAPSHOTS_DIR, STEP_FILE_NAME, read_step_record, write_step_record
 
 # Copied byte for byte (when regular files of the folder); the rest of MODEL_FILE_NAMES is written from the model.
 COPIED_AS_IS = ("README.md", "loss.png", "metrics.jsonl")
 CODE_FILES = ("configuration_chargpt.py", "config_limits.py", "modeling_chargpt.py", "window.py")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+# What a training run's folder holds beside the model, and why a copy leaves it out.
+LEFT_BY_TRAINING = {
+    SNAPSHOTS_DIR: "the model's earlier states that training kept (--snapshots), each a model folder of its own: "
+    "copy one with gpt-serve copy FOLDER/snapshots/step-NNNNNN OUT",
+    "checkpoints": "training's state for resuming (optimizer and RNG, a pickle), not part of a published model",
+    ".lock": "training's lock on its output folder",
+}
 
 
 @dataclass
@@ -50,8 +60,12 @@ class CopyPlan:
 def _skip_reason(entry: os.DirEntry, rel: str) -> str:
     if entry.is_symlink():
         return f"a symbolic link (to {os.readlink(entry.path)}): a copy holds the folder's own files only"
+    if rel in LEFT_BY_TRAINING:
+        return LEFT_BY_TRAINING[rel]
+    if entry.is_dir(follow_symlinks=False):
+        return "a folder that is not onnx/"
     if not entry.is_file(follow_symlinks=False):
-        return "a folder that is not onnx/" if entry.is_dir(follow_symlinks=False) else "not a regular file"
+        return "not a regular file"
     name = entry.name
     if name.endswith(PICKLE_SUFFIXES):
         return "a pickle (it can run code when loaded); the weights are model.safetensors"
@@ -63,7 +77,8 @@ def _skip_reason(entry: os.DirEntry, rel: str) -> str:
 def plan_copy(folder: str | os.PathLike) -> CopyPlan:
     """What `write_self_contained` copies from `folder` as it is, and what it skips (see the module docstring)."""
     folder, plan = Path(folder), CopyPlan()
-    rewritten = {*MODEL_FILE_NAMES, *CODE_FILES} - set(COPIED_AS_IS)  # written again from the model and the package
+    # written again from the model, the package and the folder's records (checked as they are read)
+    rewritten = {*MODEL_FILE_NAMES, *CODE_FILES, STEP_FILE_NAME} - set(COPIED_AS_IS)
     with os.scandir(folder) as entries:
         for entry in sorted(entries, key=lambda e: e.name):
             if entry.name == "__pycache__":
@@ -127,25 +142,25 @@ def write_self_contained(source: str | os.PathLike, out: str | os.PathLike, repl
     model = loaded.backend.pretrained
     model.config.auto_map = {}  # ours alone: save_pretrained writes the entries of the package's classes
     tokenizer = CharTokenizer(chars=loaded.vocab.chars)  # the folder's vocabulary; no foreign tokenizer_config.json
+    corpus, step = read_corpus_record(folder), read_step_record(folder)  # a broken one: a ValueError naming it
     plan = plan_copy(folder)
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)  # the weights, config.json with auto_map, the code files
         tokenizer.save_pretrained(tmp)
+        if corpus is not None:  # where the text lives on this machine means nothing to a copy's readers
+            write_corpus_record(tmp, dataclasses.replace(corpus, source=None))
+        if step is not None:
+            write_step_record(tmp, step)
         for rel in plan.copied:
             data = _read_own(folder / rel)
             if rel == "README.md":
-                data = with_remote_code_use(data.decode("utf-8"), _use_prompt(folder)).encode("utf-8")
+                prompt = corpus.default_prompt if corpus is not None else ""  # the model's first sample prompt
+                data = with_remote_code_use(data.decode("utf-8"), prompt).encode("utf-8")
             (tmp / rel).parent.mkdir(exist_ok=True)
             write_file(tmp / rel, data)
 
     return write_new_folder(out, write, replace=replace)
-
-
-def _use_prompt(folder: Path) -> str:
-    """The Use snippet's prompt: the model's first sample prompt (`corpus.json`), else the empty prompt."""
-    record = read_corpus_record(folder)
-    return record.default_prompt if record is not None else ""
 
 
 def with_remote_code_use(card: str, prompt: str = "") -> str:

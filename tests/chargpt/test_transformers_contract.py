@@ -205,12 +205,16 @@ def test_a_copied_shipped_folder_loads_in_plain_transformers(tmp_path):
 
 def test_copy_writes_the_model_files_only_and_says_what_it_skipped(tmp_path, capsys):
     """Issue 32: a folder with a link to a secret file, a foreign code file named by a foreign auto_map entry, and a
-    pickle. The copy holds none of them, its auto_map is ours alone, and its card's snippet imports no foreign code."""
+    pickle (and a training run's checkpoints/ and snapshots/). The copy holds none of them, its auto_map is ours
+    alone, and its card's snippet imports no foreign code."""
+    import dataclasses
     import json
     import os
     import shutil
 
     from gpt_serve.cli import main
+    from gpt_serve.folders.corpus_record import read_corpus_record
+    from gpt_serve.folders.snapshots import StepRecord, read_step_record, write_step_record
     from gpt_serve.models import model_path
 
     folder = Path(shutil.copytree(model_path("ladder-a"), tmp_path / "F"))
@@ -223,21 +227,33 @@ def test_copy_writes_the_model_files_only_and_says_what_it_skipped(tmp_path, cap
     for name in ("config.json", "tokenizer_config.json"):
         edit_json(folder / name, lambda c: c.update(auto_map={"AutoTokenizer": ["evil.Tok", None]}))
     (folder / "pytorch_model.bin").write_bytes(b"a pickle")
+    for kept_by_training in ("checkpoints/checkpoint.pt", "snapshots/step-000100/model.safetensors"):
+        (folder / kept_by_training).parent.mkdir(parents=True)
+        (folder / kept_by_training).write_bytes(b"training's")
+    (folder / ".lock").write_bytes(b"")
+    write_step_record(folder, StepRecord(100, 2.5, 2.4))
+    edit_json(folder / "corpus.json", lambda c: c.update(source=str(tmp_path / "private" / "input.txt")))
     out = tmp_path / "OUT"
     assert main(["copy", str(folder), str(out)]) == 0
     err = capsys.readouterr().err
     for name, why in [
         ("notes.txt", "a symbolic link"), ("onnx/extra.txt", "a symbolic link"), ("evil.py", "a code file"),
-        ("pytorch_model.bin", "a pickle"),
+        ("pytorch_model.bin", "a pickle"), ("checkpoints", "training's state for resuming"),
+        ("snapshots", "the model's earlier states that training kept (--snapshots)"),
+        (".lock", "training's lock"),
     ]:  # fmt: skip
         assert f"skipped {name}: {why}" in err, err
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert files == sorted(
         ["README.md", "added_tokens.json", "config.json", "config_limits.py", "configuration_chargpt.py",
-         "generation_config.json", "loss.png", "metrics.jsonl", "model.safetensors", "modeling_chargpt.py",
-         "tokenizer.json", "tokenizer_config.json", "vocab.json", "window.py"]
+         "corpus.json", "generation_config.json", "loss.png", "metrics.jsonl", "model.safetensors",
+         "modeling_chargpt.py", "step.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "window.py"]
         + [f"onnx/{n}" for n in ONNX_FILE_NAMES]
     )  # fmt: skip
+    # the model's records travel, checked; where its text lies on this machine does not
+    assert read_corpus_record(out) == dataclasses.replace(read_corpus_record(folder), source=None)
+    assert read_step_record(out) == StepRecord(100, 2.5, 2.4)
+    assert "private" not in (out / "corpus.json").read_text()
     assert not any(p.is_symlink() for p in out.rglob("*"))
     assert not any(b"the secret" in p.read_bytes() for p in out.rglob("*") if p.is_file())
     assert json.loads((out / "config.json").read_text())["auto_map"] == {

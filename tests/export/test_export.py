@@ -301,7 +301,7 @@ def test_the_export_never_writes_through_a_link(tmp_path, tiny_model_dir, capsys
         assert not any(target.iterdir())
 
 
-def test_the_export_validates_on_the_recorded_text_or_asks_for_it_by_name(tiny_model_dir, tmp_path, corpus):
+def test_the_export_validates_on_the_recorded_text_or_asks_for_it_by_name(tiny_model_dir, tmp_path, corpus, capsys):
     from export.cli import validation_text
     from gpt_serve.folders.corpus_record import CorpusRecord, write_corpus_record
 
@@ -317,9 +317,12 @@ def test_the_export_validates_on_the_recorded_text_or_asks_for_it_by_name(tiny_m
     with pytest.raises(ValueError, match=r"trained on my text \(a slice\), but .*my-text.txt has changed since"):
         validation_text(folder, None)
     text_path.unlink()
-    with pytest.raises(ValueError, match=r"trained on my text \(a slice\), but it is no longer at .*Pass --data PATH"):
+    with pytest.raises(ValueError, match=r"trained on my text \(a slice\), but it is no longer at .*: pass --data"):
         validation_text(folder, None)
-    assert main([str(folder)]) == 2  # the CLI says so, before exporting anything
+    capsys.readouterr()
+    assert main([str(folder)]) == 2  # the CLI says so, before exporting anything, with the remedy once
+    err = capsys.readouterr().err
+    assert "it is no longer at" in err and err.count("--data PATH") == 1 and err.count("--no-quantize") == 1, err
     assert not (folder / "onnx").exists()
 
 
