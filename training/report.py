@@ -13,6 +13,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from gpt_serve.folders.corpus_record import CorpusRecord
 from gpt_serve.folders.markdown import escape
+from gpt_serve.folders.snapshots import StepRecord
 
 from .config import ARCH_KEYS, OPTIMIZATION_KEYS
 from .outputs import explain_write_error, temp_path
@@ -229,6 +230,63 @@ def card_data(name: str, val: float, train: float, corpus: CorpusRecord) -> Mode
     )
 
 
+def use_section(corpus: CorpusRecord) -> str:
+    """The card's "## Use" section: loading the folder with transformers, and `gpt-serve generate`, from the
+    model's own first sample prompt."""
+    prompt = json.dumps(corpus.default_prompt)
+    return f"""## Use
+
+```python
+import gpt_serve
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+gpt_serve.register_auto_classes()  # "chargpt" for the Auto classes
+
+model = AutoModelForCausalLM.from_pretrained("PATH")  # or trust_remote_code=True without gpt_serve
+tokenizer = AutoTokenizer.from_pretrained("PATH")
+ids = tokenizer({prompt}, return_tensors="pt").input_ids
+print(tokenizer.decode(model.generate(ids, max_new_tokens=200, do_sample=True)[0]))
+```
+
+```bash
+gpt-serve generate PATH --max-new-tokens 200  # the prompt: {prompt}
+```
+"""
+
+
+def write_snapshot_card(trainer, record: StepRecord, folder: str | os.PathLike) -> None:
+    """README.md of a snapshot (`--snapshots`): which run and step it is, its losses, the training text and how to
+    use it. No sample: the model is mid-run (in training mode, its RNG the run's), and nothing may change what the
+    run does next."""
+    cfg = trainer.cfg
+    run = Path(cfg.out_dir).resolve().name
+    name = f"{run} at step {record.step}"
+    body = f"""
+# {escape(name)}
+
+An earlier state of the character-level GPT trained in `{escape(run)}/`, kept by gpt-serve's training at step
+{record.step} of {cfg.max_iters} (`--snapshots`), on {escape(card_name(trainer.corpus))}:
+{escape(trainer.corpus.description)}. The demo compares the model with it; the run's own card, loss curve and
+metrics are in the run's folder.
+
+| | |
+|---|---|
+| validation loss | **{record.val_loss:.4f}** (step {record.step}; mean of {cfg.eval_iters} random batches) |
+| train loss | {record.train_loss:.4f} |
+
+Command:
+
+```
+{trainer.command or "(trained from Python)"}
+```
+
+{use_section(trainer.corpus)}"""
+    card = ModelCard(
+        f"---\n{card_data(name, record.val_loss, record.train_loss, trainer.corpus).to_yaml()}\n---\n{body}"
+    )
+    card.save(Path(folder) / "README.md")
+
+
 def write_model_card(trainer, result: dict, folder: str | os.PathLike | None = None) -> None:
     """README.md with Hugging Face YAML front matter (`card_data`): losses, command, hardware, wall time, a sample."""
     cfg, mc = trainer.cfg, trainer.model_config
@@ -269,24 +327,7 @@ Architecture: `{arch}`
 
 Training: `{train_opts}`
 
-## Use
-
-```python
-import gpt_serve
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-gpt_serve.register_auto_classes()  # "chargpt" for the Auto classes
-
-model = AutoModelForCausalLM.from_pretrained("PATH")  # or trust_remote_code=True without gpt_serve
-tokenizer = AutoTokenizer.from_pretrained("PATH")
-ids = tokenizer({json.dumps(trainer.corpus.default_prompt)}, return_tensors="pt").input_ids
-print(tokenizer.decode(model.generate(ids, max_new_tokens=200, do_sample=True)[0]))
-```
-
-```bash
-gpt-serve generate PATH --max-new-tokens 200  # the prompt: {json.dumps(trainer.corpus.default_prompt)}
-```
-
+{use_section(trainer.corpus)}
 ## Sample (temperature 1.0, seed 0, from a newline)
 
 ```

@@ -32,7 +32,15 @@ from .config import ARCH_KEYS, MODEL_KEYS, OPTIMIZATION_KEYS, SCHEDULES, TrainCo
 from .data import CharDataset
 from .kernels import use_cpu_training_kernels
 from .outputs import lock_folder, publish_folder, remove_stale_temp_files
-from .report import append_metric, progress_bar, read_metrics, save_loss_plot, write_metrics, write_model_card
+from .report import (
+    append_metric,
+    progress_bar,
+    read_metrics,
+    save_loss_plot,
+    write_metrics,
+    write_model_card,
+    write_snapshot_card,
+)
 from .runtime import setup_runtime
 from .snapshots import remove_snapshots, snapshot_steps
 from .tracking import Trackers, parse_report_to
@@ -356,6 +364,8 @@ class Trainer:
             write_step_record(folder, record)
         if result is not None:
             write_model_card(self, result, folder)
+        elif record is not None:  # a snapshot
+            write_snapshot_card(self, record, folder)
 
     def save_snapshot(self) -> Path:
         """Keeps the model as it is at this evaluation in `OUT/snapshots/step-NNNNNN/` (written whole, replacing one

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -62,6 +64,24 @@ def test_a_run_keeps_its_snapshots_as_model_folders_with_their_step_and_losses(r
     assert not list((out / "snapshots").glob(".*"))  # no temporary folder left
     early, late = (load_file(f / "model.safetensors") for f in folders)
     assert not torch.equal(early["lm_head.weight"], late["lm_head.weight"])
+
+
+def test_a_snapshot_has_a_card_naming_its_run_step_and_losses_and_a_copy_keeps_it(run, tmp_path):
+    from gpt_serve.cli import main
+    from gpt_serve.folders.corpus_record import read_corpus_record
+
+    out, _ = run
+    snapshot = out / "snapshots" / "step-000010"
+    record, corpus = read_step_record(snapshot), read_corpus_record(out)
+    card = (snapshot / "README.md").read_text(encoding="utf-8")
+    assert f"# {out.name} at step 10" in card and "step\n10 of 40 (`--snapshots`)" in card
+    assert f"**{record.val_loss:.4f}**" in card and f"| train loss | {record.train_loss:.4f} |" in card
+    assert corpus.description in card and "## Use" in card and json.dumps(corpus.default_prompt) in card
+    assert "model-index" in card and f"value: {round(record.val_loss, 4)}" in card  # the Hub reads its losses
+    assert main(["copy", str(snapshot), str(tmp_path / "copy")]) == 0  # published on its own, card and records
+    copied = (tmp_path / "copy" / "README.md").read_text(encoding="utf-8")
+    assert f"# {out.name} at step 10" in copied and "trust_remote_code=True" in copied
+    assert read_step_record(tmp_path / "copy") == record
 
 
 def test_a_snapshot_is_the_model_as_it_was_at_its_step(run, tmp_path, make_config):
