@@ -188,12 +188,12 @@ def mount_at_start(options: dict, registry, browser_model: str, default_backend:
     `Drain` (`"drain"`) and why the browser page is missing, if it is (`"missing"`)."""
     from .browser import mount_browser
 
-    mounted = {}
+    mounted, folder = {}, registry.folder(browser_model)  # an unknown model: an error here, not a failed start
 
     @contextlib.asynccontextmanager
     async def mount_routes(app):
         mounted["drain"] = mount_api(app, registry, default_backend, max_tokens_limit, **access)
-        mounted["missing"] = mount_browser(app, registry.folder(browser_model))
+        mounted["missing"] = mount_browser(app, folder)
         yield
 
     options["app_kwargs"]["lifespan"] = mount_routes

@@ -72,10 +72,15 @@ def build_parser(prog: str = "python -m export") -> argparse.ArgumentParser:
     return parser
 
 
+class TrainingTextGone(ValueError):
+    """The text a folder's `corpus.json` records is no longer where it was read from, or has changed since."""
+
+
 def validation_text(folder: Path, data: Path | None) -> tuple[str, str]:
     """The text the int8 check measures on, and how the report names it: `--data`, else the text the folder's
     `corpus.json` records (found where it was read from, checked by its sha256; Tiny Shakespeare from the user
-    cache), else Tiny Shakespeare (a folder from before corpus.json). A ValueError asks for a text that is gone."""
+    cache), else Tiny Shakespeare (a folder from before corpus.json). A `TrainingTextGone` (a ValueError) asks for
+    a recorded text that is gone."""
     from gpt_serve.folders.corpus import load_text
     from gpt_serve.folders.corpus_record import TINY_SHAKESPEARE_NAME, read_corpus_record
 
@@ -86,7 +91,7 @@ def validation_text(folder: Path, data: Path | None) -> tuple[str, str]:
         return load_text(None), f"{TINY_SHAKESPEARE_NAME} (validation split; {folder} records no corpus.json)"
     text = record.find_text()  # the text whose sha256 was checked, not read again
     if text is None:
-        raise ValueError(f"{record.missing_text_message()}: pass --data PATH to that text, or --no-quantize")
+        raise TrainingTextGone(f"{record.missing_text_message()}: pass --data PATH to that text, or --no-quantize")
     return text, f"{record.name} (validation split)"
 
 
@@ -132,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_quantize:
         try:
             text, source = validation_text(folder, args.data)
-        except (OSError, ValueError) as e:
-            remedy = "" if "--no-quantize" in str(e) else "; pass --data PATH or --no-quantize"
+        except (OSError, ValueError) as e:  # a recorded text that is gone says its own remedy
+            remedy = "" if isinstance(e, TrainingTextGone) else "; pass --data PATH or --no-quantize"
             print(f"error: no validation text for the int8 check: {e}{remedy}", file=sys.stderr)
             return 2
     try:

@@ -264,7 +264,7 @@ def write_snapshot_card(trainer, record: StepRecord, folder: str | os.PathLike) 
     body = f"""
 # {escape(name)}
 
-An earlier state of the character-level GPT trained in `{escape(run)}/`, kept by gpt-serve's training at step
+An earlier state of the character-level GPT trained in `{run}/`, kept by gpt-serve's training at step
 {record.step} of {cfg.max_iters} (`--snapshots`), on {escape(card_name(trainer.corpus))}:
 {escape(trainer.corpus.description)}. The demo compares the model with it; the run's own card, loss curve and
 metrics are in the run's folder.

@@ -354,7 +354,8 @@ class Trainer:
 
     def write_model_folder(self, folder: Path, record: StepRecord | None, result: dict | None = None) -> None:
         """Writes the model as it is now into `folder`, a `save_pretrained` folder: weights and config, tokenizer,
-        corpus record, the step record (`record`: which step, its losses) and, with `result`, the model card."""
+        corpus record, the step record (`record`: which step, its losses) and a card: with `result`, the model's
+        (`write_model_card`), else a snapshot's (`write_snapshot_card`)."""
         # transformers' "Writing model shards" bar only with the progress bars (`--progress`)
         with contextlib.nullcontext() if self.cfg.progress else quiet_weight_loading():
             self.model.save_pretrained(folder)

@@ -41,10 +41,12 @@ COPIED_AS_IS = ("README.md", "loss.png", "metrics.jsonl")
 CODE_FILES = ("configuration_chargpt.py", "config_limits.py", "modeling_chargpt.py", "window.py")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # What a training run's folder holds beside the model, and why a copy leaves it out.
+# ({path}: the entry's path)
 LEFT_BY_TRAINING = {
     SNAPSHOTS_DIR: "the model's earlier states that training kept (--snapshots), each a model folder of its own: "
-    "copy one with gpt-serve copy FOLDER/snapshots/step-NNNNNN OUT",
+    "copy one with gpt-serve copy {path}/step-NNNNNN DEST",
     "checkpoints": "training's state for resuming (optimizer and RNG, a pickle), not part of a published model",
+    "tensorboard": "training's TensorBoard event files (--report-to tensorboard)",
     ".lock": "training's lock on its output folder",
 }
 
@@ -61,7 +63,7 @@ def _skip_reason(entry: os.DirEntry, rel: str) -> str:
     if entry.is_symlink():
         return f"a symbolic link (to {os.readlink(entry.path)}): a copy holds the folder's own files only"
     if rel in LEFT_BY_TRAINING:
-        return LEFT_BY_TRAINING[rel]
+        return LEFT_BY_TRAINING[rel].format(path=entry.path)
     if entry.is_dir(follow_symlinks=False):
         return "a folder that is not onnx/"
     if not entry.is_file(follow_symlinks=False):
@@ -167,7 +169,8 @@ def with_remote_code_use(card: str, prompt: str = "") -> str:
     """`card` (a model card) with its "## Use" section saying how plain transformers loads the folder, from
     `prompt` (the model's own: its first sample prompt)."""
     use = REMOTE_CODE_USE.replace("PROMPT", json.dumps(prompt), 1)
-    section = re.compile(r"^## Use\n.*?(?=^## |\Z)", re.S | re.M)
+    # up to the next section: a heading, or a section the export keeps between its markers (`<!-- gpt-serve:...`)
+    section = re.compile(r"^## Use\n.*?(?=^## |^<!-- gpt-serve:|\Z)", re.S | re.M)
     if section.search(card):
         return section.sub(lambda _: use, card, count=1)
     return card.rstrip("\n") + "\n\n" + use

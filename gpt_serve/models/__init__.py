@@ -28,7 +28,8 @@ WEIGHTS_FILE_NAME = "model.safetensors"
 MODEL_TYPE = "chargpt"
 # What a model folder holds, by name: what `save_pretrained` of the model and tokenizer writes, the card, and the
 # training's figure and metrics beside it. Loading checks that each present is a regular file (`check_model_files`);
-# `gpt-serve copy` writes these and nothing else (`gpt_serve.folders.publishing`).
+# `gpt-serve copy` writes these, the code files and training's `step.json`, and nothing else
+# (`gpt_serve.folders.publishing`).
 MODEL_FILE_NAMES = (
     CONFIG_FILE_NAME, WEIGHTS_FILE_NAME, "vocab.json", "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "added_tokens.json", "generation_config.json", "README.md", "loss.png", "metrics.jsonl",

@@ -239,7 +239,8 @@ def test_copy_writes_the_model_files_only_and_says_what_it_skipped(tmp_path, cap
     for name, why in [
         ("notes.txt", "a symbolic link"), ("onnx/extra.txt", "a symbolic link"), ("evil.py", "a code file"),
         ("pytorch_model.bin", "a pickle"), ("checkpoints", "training's state for resuming"),
-        ("snapshots", "the model's earlier states that training kept (--snapshots)"),
+        ("snapshots", f"the model's earlier states that training kept (--snapshots), each a model folder of its own: "
+                      f"copy one with gpt-serve copy {folder}/snapshots/step-NNNNNN DEST"),
         (".lock", "training's lock"),
     ]:  # fmt: skip
         assert f"skipped {name}: {why}" in err, err
@@ -304,3 +305,13 @@ def test_the_copys_use_snippet_starts_from_the_models_own_prompt():
     card = with_remote_code_use("# mine\n\n## Use\n\nOLD-USE\n\n## Sample\n", 'def f(x):\n    return "y"')
     assert 'ids = tokenizer("def f(x):\\n    return \\"y\\"", return_tensors="pt")' in card
     assert "OLD-USE" not in card and card.endswith("## Sample\n")
+
+
+def test_the_copys_use_section_ends_where_the_exports_section_begins():
+    """A snapshot's card ends with its Use section, and `python -m export` appends its section between markers: the
+    rewrite keeps both markers, so a later export replaces that section instead of adding a second."""
+    from gpt_serve.folders.publishing import with_remote_code_use
+
+    onnx = "<!-- gpt-serve:onnx:begin (by `python -m export`) -->\n## ONNX\n\nGRAPHS\n<!-- gpt-serve:onnx:end -->\n"
+    card = with_remote_code_use(f"# mine\n\n## Use\n\nOLD-USE\n\n{onnx}", "ROMEO:")
+    assert "OLD-USE" not in card and card.endswith(onnx) and "trust_remote_code=True" in card
