@@ -230,6 +230,11 @@ def card_data(name: str, val: float, train: float, corpus: CorpusRecord) -> Mode
     )
 
 
+def save_card(folder: Path, data: ModelCardData, body: str) -> None:
+    """Writes `folder/README.md`: the Hub's YAML front matter (`data`), then `body` (Markdown)."""
+    ModelCard(f"---\n{data.to_yaml()}\n---\n{body}").save(folder / "README.md")
+
+
 def use_section(corpus: CorpusRecord) -> str:
     """The card's "## Use" section: loading the folder with transformers, and `gpt-serve generate`, from the
     model's own first sample prompt."""
@@ -281,10 +286,7 @@ Command:
 ```
 
 {use_section(trainer.corpus)}"""
-    card = ModelCard(
-        f"---\n{card_data(name, record.val_loss, record.train_loss, trainer.corpus).to_yaml()}\n---\n{body}"
-    )
-    card.save(Path(folder) / "README.md")
+    save_card(Path(folder), card_data(name, record.val_loss, record.train_loss, trainer.corpus), body)
 
 
 def write_model_card(trainer, result: dict, folder: str | os.PathLike | None = None) -> None:
@@ -336,5 +338,4 @@ Training: `{train_opts}`
 
 ![loss curve](loss.png)
 """
-    card = ModelCard(f"---\n{card_data(name, val, train, trainer.corpus).to_yaml()}\n---\n{body}")
-    card.save(Path(folder if folder is not None else cfg.out_dir) / "README.md")
+    save_card(Path(folder if folder is not None else cfg.out_dir), card_data(name, val, train, trainer.corpus), body)
