@@ -99,11 +99,19 @@ the Space's repository with Git LFS (`.gitattributes` lists the binary files).
     return front_matter(title, card_fields(card_text)) + body
 
 
+def check_clone() -> None:
+    """A ValueError unless this demo runs from a clone (an installed wheel has no source to build gpt-serve from)."""
+    if not (SOURCE / "pyproject.toml").is_file():
+        raise ValueError(
+            f"gpt-serve space builds gpt-serve's wheel from a clone (git clone, then make install): {SOURCE} has no "
+            "pyproject.toml"
+        )
+
+
 def build_wheel(out: Path) -> str:
     """gpt-serve's wheel, built into `out` from this clone without the shipped models and without dependencies
     (requirements.txt lists them); returns its file name."""
-    if not (SOURCE / "pyproject.toml").is_file():
-        raise ValueError(f"gpt-serve space builds gpt-serve's wheel from a clone: {SOURCE} has no pyproject.toml")
+    check_clone()
     with tempfile.TemporaryDirectory() as tmp:
         stage = Path(tmp) / "gpt-serve"
         skip = shutil.ignore_patterns("__pycache__", "node_modules", "*.pyc")
@@ -144,6 +152,7 @@ def write_space(model: str, out: str | Path, title: str | None = None, replace: 
     from gpt_serve.models import model_path
     from gpt_serve.onnx_contract import onnx_path
 
+    check_clone()
     source = model_path(model)
     name = source.resolve().name
     if not onnx_path(source, quantized=True).is_file():
