@@ -79,9 +79,13 @@ def create_app(
     add_error_handlers(app)
     app.add_middleware(BodyLimits, **body_limits(limits))
     # outside BodyLimits: a request without the key is refused from its headers, its body never read; every path
-    # needs it (the OpenAPI pages /docs, /redoc and /openapi.json too) but /health and, unless so configured, /metrics
+    # needs it (the OpenAPI pages /docs, /redoc and /openapi.json too) but /health and, unless so configured, /metrics,
+    # which take no body without it (what keyless requests hold is not what keyed ones may)
     unlocked = open_paths(router_options.get("metrics_need_key", False))
-    app.add_middleware(KeyGate, api_key=router_options.get("api_key"), exempt=lambda method, path: path in unlocked)
+    app.add_middleware(
+        KeyGate, api_key=router_options.get("api_key"), keyless=lambda method, path: 0 if path in unlocked else None,
+        allow_origins=router_options.get("allow_origins", ()), body_timeout=limits.body_timeout,
+    )  # fmt: skip
     if replica_id is not None:
         app.add_middleware(ReplicaHeader, replica_id=replica_id)
     return app

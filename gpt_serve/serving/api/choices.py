@@ -16,6 +16,7 @@ from ..limits import Drain
 from ..metrics import Metrics
 from ..protocol import APIError, Job
 from ..registry import ModelRegistry, ModelUnavailable
+from .errors import unavailable
 from .tokens import decode_ids
 
 
@@ -52,7 +53,7 @@ def start_choices(registry: ModelRegistry, job: Job, metrics: Metrics, drain: Dr
         loaded = registry.backend(job.model, job.backend)
         scheduler = registry.scheduler(job.model, job.backend)
     except ModelUnavailable as e:
-        raise APIError(503, str(e), "model", "model_unavailable") from None
+        raise unavailable(e) from None
     request = job.request
     if job.best_of > job.n and request.logprobs is None:
         request = dataclasses.replace(request, logprobs=0)  # best_of ranks the choices by their logprobs

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ...generation.requests import EngineError
-from ..limits import Drain, parse_json
+from ..limits import Drain, read_json
 from ..protocol import SHUTTING_DOWN, APIError, Job, answer, parse_chat, parse_completion
 from .choices import Choice, cancel_on_disconnect, end_choices, score_prompts, start_choices
 from .errors import error_response, model_failure, run_on_worker
@@ -35,7 +35,7 @@ async def chat_completions(http: Request, state: APIStateDep):
 async def serve(http: Request, state: APIState, parse: Callable[..., Job]) -> Response | dict:
     """A completions or chat request (`parse` reads its body), answered in OpenAI's format, streamed or whole."""
     try:
-        job = parse(parse_json(await http.body()), state.registry, state.default_backend, state.max_tokens_limit)
+        job = parse(await read_json(http), state.registry, state.default_backend, state.max_tokens_limit)
         if state.drain.closing:
             raise APIError(503, "the server is shutting down", None, "server_error", SHUTTING_DOWN)
         choices = await run_on_worker(start_choices, state.registry, job, state.metrics, state.drain)

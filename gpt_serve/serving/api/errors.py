@@ -4,6 +4,8 @@ worker's frames."""
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -13,10 +15,15 @@ from fastapi.responses import JSONResponse
 
 from ...generation.requests import EngineError
 from ..protocol import APIError, error_body
+from ..registry import ModelUnavailable
+
+logger = logging.getLogger(__name__)
 
 # A request the model failed (`EngineError`: NaN or infinite logits): the request could not be processed, and no
 # server error either, for the server goes on serving every other request.
 MODEL_ERROR_STATUS = 422
+# An absolute path of the server's (two components or more), and its last component
+SERVER_PATH = re.compile(r"(?<![\w.~/:-])/(?:[^\s'\"`,;:()\[\]{}<>/]+/)+([^\s'\"`,;:()\[\]{}<>/]*)")
 # The /v1 paths the API serves (another method on one of them is a 405, any other /v1 path a 404).
 V1_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
 
@@ -27,6 +34,13 @@ router = APIRouter()
 
 def error_response(e: APIError) -> JSONResponse:
     return JSONResponse(error_body(e), status_code=e.status)
+
+
+def unavailable(e: ModelUnavailable) -> APIError:
+    """The 503 of a model this server cannot serve: why, with every path of the server's cut to its last part
+    (`.../decoder.onnx`): a client learns what is missing, not where the server keeps it. The log has it whole."""
+    logger.warning("model unavailable: %s", e)
+    return APIError(503, SERVER_PATH.sub(lambda m: f".../{m[1]}", str(e)), "model", "model_unavailable")
 
 
 def model_failure(e: EngineError) -> APIError:

@@ -8,10 +8,10 @@ from fastapi import APIRouter, Request
 from ...generation.backends.protocol import check_token_ids
 from ...generation.fields import RequestError, check_value, show_value
 from ...generation.text import encode_prompt
-from ..limits import parse_json
+from ..limits import read_json
 from ..protocol import APIError, require_model
 from ..registry import ModelRegistry, ModelUnavailable
-from .errors import error_response, run_on_worker
+from .errors import error_response, run_on_worker, unavailable
 from .state import APIState, APIStateDep
 
 router = APIRouter()
@@ -40,7 +40,7 @@ async def detokenize(http: Request, state: APIStateDep):
 async def vocab_request(http: Request, state: APIState, field: str, extra: tuple[str, ...] = ()):
     """The body and the loaded model of a /tokenize or /detokenize request (a model's first use loads it on a
     worker thread: the event loop, and every stream on it, goes on meanwhile)."""
-    body = parse_json(await http.body())
+    body = await read_json(http)
     check_fields(body, ("model", "backend", field, *extra))
     loaded = await run_on_worker(load_model, state.registry, body, state.default_backend)
     return body, loaded
@@ -61,7 +61,7 @@ def load_model(registry: ModelRegistry, body: dict, default_backend: str):
     try:
         return registry.backend(model, check_value("backend", body.get("backend")) or default_backend)
     except ModelUnavailable as e:
-        raise APIError(503, str(e), "model", "model_unavailable") from None
+        raise unavailable(e) from None
     except RequestError as e:
         raise APIError(400, str(e), e.field) from None
 
