@@ -72,12 +72,12 @@ STOP_COMPARE_JS = '(generate, compare) => ["", compare]'
 # forgets the last prompt).
 # With an API key, the key guards the page, its Gradio API and the OpenAI-compatible API (`demo.access`).
 def launch_options(
-    limits: ServerLimits | None = None, api_key: str | None = None, metrics_need_key: bool = False
+    limits: ServerLimits | None = None, api_key: str | None = None, metrics_need_key: bool = False, allow_origins=()
 ) -> dict:
     """`Blocks.launch` arguments: the page's CSS and script, the limits above, and with `api_key` the login and the
     key check (a fresh dict each time: Gradio adds to its `app_kwargs`)."""
     limits = limits or ServerLimits()
-    access = access_options(api_key, metrics_need_key)
+    access = access_options(api_key, metrics_need_key, allow_origins, limits.body_timeout)
     body = Middleware(BodyLimits, **body_limits(limits))
     middleware = [*access["middleware"], body]  # the key is checked first: no body is read before it
     return dict(

@@ -44,6 +44,7 @@ MEDIA_TYPES = {
     ".wasm": "application/wasm",
     ".onnx": "application/octet-stream",
 }
+BROWSER_PREFIX = "/browser"  # where the demo serves the page
 INSTALL_HINT = (
     "run `make install` in the repository (it runs `npm ci` in demo/web), or `cd demo/web && npm ci`, "
     "then restart the demo"
@@ -90,7 +91,9 @@ def problem(missing: list[str], web_dir: Path, model_dir: Path) -> str | None:
     return None
 
 
-def mount_browser(app, model_dir: str | Path, prefix: str = "/browser", web_dir: str | Path = WEB_DIR) -> str | None:
+def mount_browser(
+    app, model_dir: str | Path, prefix: str = BROWSER_PREFIX, web_dir: str | Path = WEB_DIR
+) -> str | None:
     """Adds the page to the demo's FastAPI `app` at `prefix/`, running the model folder `model_dir`. Returns None
     when every file is there, else what is missing and how to fix it (what `prefix/` then answers, with a 503)."""
     from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse

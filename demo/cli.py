@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         max_updates_per_second=args.max_updates_per_second or None,
         concurrency=args.concurrency,
     )
-    options = launch_options(limits, access["api_key"], access["metrics_need_key"])
+    options = launch_options(limits, access["api_key"], access["metrics_need_key"], access["allow_origins"])
     mounted = mount_at_start(
         options, registry, default_model, args.backend, args.max_new_tokens_limit, args.web_dir, **access
     )

@@ -33,16 +33,19 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(blocks, registry=None, browser_model: str = "tiny", api_key: str | None = None):
+def serve(blocks, registry=None, browser_model: str = "tiny", api_key: str | None = None, limits=None, origins=()):
     """Launches `blocks` on 127.0.0.1 on a free port without blocking, with the OpenAI-compatible API of `registry`
     and the in-browser page of its model `browser_model` mounted as `python -m demo` does (with `api_key`, as
-    `python -m demo --api-key`); yields its URL; closes it."""
+    `python -m demo --api-key`; `limits`, a `ServerLimits`; `origins`, as `--allow-origin`); yields its URL; closes
+    it."""
     from demo.app import launch_options
     from demo.cli import mount_at_start
 
-    options = launch_options(api_key=api_key)
+    options = launch_options(limits, api_key=api_key, allow_origins=origins)
     if registry is not None:  # the browser page's files are checked by tests/demo/test_browser_page.py
-        mounted = mount_at_start(options, registry, browser_model, "torch", SERVER_MAX_NEW_TOKENS, api_key=api_key)
+        mounted = mount_at_start(
+            options, registry, browser_model, "torch", SERVER_MAX_NEW_TOKENS, api_key=api_key, allow_origins=origins
+        )
     _, url, _ = blocks.launch(
         server_name="127.0.0.1",
         server_port=free_port(),
