@@ -10,7 +10,8 @@
   folder, is never changed, and the link is not silently replaced either. Files are written under a fresh name
   beside their destination and renamed over it (`write_file`), so no temporary name can be a link either.
 - **Small files are read with a size cap.** A file that should be a few kilobytes (a JSON record) is read by
-  `read_small`, which refuses anything larger before reading it.
+  `read_small`, which refuses anything larger before reading it; a model folder's JSON files by `read_json_file`,
+  whose cap is 1 MiB, 64 MiB for a vocabulary (`json_max_bytes`).
 
 Whole folders and the permissions of what is written:
 
@@ -18,7 +19,7 @@ Whole folders and the permissions of what is written:
   renamed to the destination once every file is written: until then the destination does not exist (or, replaced,
   is still the old folder).
 - `explain_write_error`: a full disk reported as one (torch's serializer says "PytorchStreamWriter failed writing
-  file" without naming the cause).
+  file" without naming the cause; safetensors raises a `SafetensorError` holding Rust's "StorageFull").
 - `file_mode`: the usual permissions (0644 under the common umask), not the 0600 of a `tempfile` file.
 
 Torch-free and pure Python: the ONNX Runtime path, the vocabulary, the loaders, the importer and the training app
@@ -28,12 +29,14 @@ use it.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 _KINDS = {
     stat.S_ISDIR: "a folder",
@@ -83,6 +86,23 @@ def read_small(path: str | os.PathLike, max_bytes: int) -> bytes:
     return data
 
 
+# The JSON files of a model folder are read whole: a config or a record is a few hundred bytes; a vocabulary
+# (`vocab.json`, `tokenizer.json`) about 20 bytes a character, so one of every Unicode code point fits.
+JSON_MAX_BYTES = 1 << 20
+VOCAB_JSON_MAX_BYTES = 64 << 20
+VOCAB_JSON_NAMES = ("vocab.json", "tokenizer.json")
+
+
+def json_max_bytes(name: str) -> int:
+    """The most bytes a model folder's JSON file `name` may hold (`read_small` refuses a larger one unread)."""
+    return VOCAB_JSON_MAX_BYTES if name in VOCAB_JSON_NAMES else JSON_MAX_BYTES
+
+
+def read_json_file(path: str | os.PathLike) -> Any:
+    """The JSON value of a model folder's file `path`, its size capped by its name (`json_max_bytes`)."""
+    return json.loads(read_small(path, json_max_bytes(Path(path).name)).decode("utf-8"))
+
+
 def refuse_link(path: str | os.PathLike) -> Path:
     """`path`, after a ValueError if it is a symbolic link (gpt-serve never writes through one: see the module)."""
     path = Path(path)
@@ -125,6 +145,7 @@ def folder_to_write(path: str | os.PathLike) -> Path:
 
 
 LOW_SPACE_BYTES = 16 * 2**20
+NO_SPACE_SIGNS = ("No space left on device", "StorageFull", "Disk quota exceeded", "QuotaExceeded")
 
 
 def file_mode() -> int:
@@ -145,6 +166,8 @@ def _umask() -> int:
 def explain_write_error(error: BaseException, path: Path) -> BaseException:
     """`error` as raised while writing `path`, or an OSError saying the disk is full when it is."""
     full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+    # safetensors' SafetensorError carries no errno, only the text of Rust's I/O error
+    full = full or any(sign in str(error) for sign in NO_SPACE_SIGNS)
     if not full:
         try:
             full = shutil.disk_usage(path if path.is_dir() else path.parent).free < LOW_SPACE_BYTES
@@ -160,8 +183,11 @@ def fill(tmp: Path, write: Callable[[Path], None]) -> None:
     permissions (`file_mode`; folders also searchable), `tmp` itself included (a `mkdtemp` folder is 0700)."""
     try:
         write(tmp)
-    except (OSError, RuntimeError) as e:
-        raise explain_write_error(e, tmp) from None
+    except Exception as e:  # OSError, torch's RuntimeError, safetensors' SafetensorError, ...
+        explained = explain_write_error(e, tmp)
+        if explained is e:
+            raise
+        raise explained from None
     mode = file_mode()
     for path in (tmp, *tmp.rglob("*")):
         if path.is_symlink():  # chmod would change the link's target, which may be anywhere
@@ -218,7 +244,9 @@ __all__ = [
     "fill",
     "folder_to_write",
     "is_free",
+    "json_max_bytes",
     "kind",
+    "read_json_file",
     "read_small",
     "refuse_link",
     "write_file",

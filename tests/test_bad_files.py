@@ -45,6 +45,12 @@ def _pickle_only(folder: Path) -> None:
     (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
 
 
+def _pad(path: Path, size: int) -> None:
+    """`path` made `size` bytes long by spaces after its JSON: still the same JSON."""
+    with open(path, "ab") as f:
+        f.write(b" " * (size - path.stat().st_size))
+
+
 def _truncate(path: Path, keep: int) -> None:
     path.write_bytes(path.read_bytes()[:keep])
 
@@ -126,6 +132,22 @@ DAMAGE = {
         lambda f: ((f / "model.safetensors").unlink(), os.symlink("/dev/zero", f / "model.safetensors")),
         ["torch", "onnx"],
         r"model.safetensors is not a regular file: it is a character device \(a link to /dev/zero\)",
+    ),
+    # issue 40: a model folder's JSON files are read whole: each has a size limit, checked before it is read
+    "config.json of 2 MiB": (
+        lambda f: _pad(f / "config.json", 2 << 20),
+        ["torch", "onnx"],
+        r"config.json has 2,097,\d{3} bytes; a model folder's config.json holds at most 1,048,576",
+    ),
+    "generation_config.json of 2 MiB": (
+        lambda f: _pad(f / "generation_config.json", 2 << 20),
+        ["torch"],
+        r"generation_config.json has 2,097,\d{3} bytes; a model folder's generation_config.json holds at most",
+    ),
+    "vocab.json past 64 MiB": (
+        lambda f: os.truncate(f / "vocab.json", (64 << 20) + 1),  # (sparse: no disk used)
+        ["torch", "onnx"],
+        r"vocab.json has 67,108,865 bytes; a model folder's vocab.json holds at most 67,108,864",
     ),
     "onnx graph empty": (lambda f: _truncate(f / "onnx" / "model.onnx", 0), ["onnx"], "model.onnx"),
     "onnx graph truncated": (lambda f: _truncate(f / "onnx" / "model.onnx", 5000), ["onnx"], "model.onnx"),

@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Iterable
 
-from ..files import check_regular
+from ..files import check_regular, read_json_file
 
 VOCAB_FILE_NAME = "vocab.json"
 # The same table for the `tokenizers` library, derived from vocab.json when a tokenizer is saved.
@@ -62,8 +62,7 @@ class CharVocab:
     def from_file(cls, path: str | os.PathLike, **kwargs) -> CharVocab:
         """Reads a `vocab.json` ({character: id}) as written by `save`."""
         try:
-            with open(check_regular(path), encoding="utf-8") as f:
-                mapping = json.load(f)
+            mapping = read_json_file(path)  # at most 64 MiB (`gpt_serve.files.json_max_bytes`)
         except FileNotFoundError:
             raise FileNotFoundError(f"vocabulary file not found: {path}") from None
         except json.JSONDecodeError as e:
@@ -89,9 +88,7 @@ class CharVocab:
         """A ValueError unless the `tokenizer.json` at `path` maps the characters as this vocabulary does."""
         check_regular(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                table = json.load(f)["model"]["vocab"]
-            table = dict(table)
+            table = dict(read_json_file(path)["model"]["vocab"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path} is not a readable tokenizers file ({type(e).__name__}: {e})") from None
         if table != self.stoi:

@@ -140,6 +140,7 @@ def write_self_contained(source: str | os.PathLike, out: str | os.PathLike, repl
     from ..generation.backends.loading import load_backend
 
     folder = model_path(source)
+    check_outside(folder, out)
     loaded = load_backend(folder, "torch")  # every check of a load: safetensors only, vocabulary, finite weights
     model = loaded.backend.pretrained
     model.config.auto_map = {}  # ours alone: save_pretrained writes the entries of the package's classes
@@ -163,6 +164,18 @@ def write_self_contained(source: str | os.PathLike, out: str | os.PathLike, repl
             write_file(tmp / rel, data)
 
     return write_new_folder(out, write, replace=replace)
+
+
+def check_outside(folder: Path, out: str | os.PathLike) -> None:
+    """A ValueError when `out` is the model folder `folder` or a folder that holds it: replacing it (--force) would
+    delete the model being copied (and `X/..` cannot be renamed: "Device or resource busy")."""
+    source, dest = folder.resolve(), Path(out).resolve()
+    if dest == source or dest in source.parents:
+        where = "is the model folder" if dest == source else "holds the model folder"
+        raise ValueError(
+            f"{out} {where} {folder}: writing the copy there would replace the model being copied; "
+            f"choose an output folder outside it"
+        )
 
 
 def with_remote_code_use(card: str, prompt: str = "") -> str:

@@ -12,12 +12,11 @@ The shipped ones hold exactly that, data only; the code lives once, in `gpt_serv
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from ..files import check_regular
+from ..files import check_regular, json_max_bytes, read_json_file
 from ..onnx_contract import FP32_FILE_NAME, INPLACE_FP32_FILE_NAME, INPLACE_INT8_FILE_NAME, INT8_FILE_NAME, ONNX_SUBDIR
 
 MODELS_DIR = Path(__file__).resolve().parent
@@ -96,9 +95,8 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
     """`config.json` of a model folder as a dict, with a clear error for a missing, unreadable or foreign file."""
     path = check_regular(Path(folder) / CONFIG_FILE_NAME)
     try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:  # missing, unreadable, not UTF-8, not JSON
+        config = read_json_file(path)  # at most `json_max_bytes`: a 200 MB config.json is refused unread
+    except (OSError, ValueError) as e:  # missing, unreadable, too large, not UTF-8, not JSON
         raise ValueError(f"cannot read {path}: {e}") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path} must hold a JSON object, got a {type(config).__name__}")
@@ -109,10 +107,16 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
 
 def check_model_files(folder: str | os.PathLike) -> None:
     """A ValueError naming the first of the folder's model files (`MODEL_FILE_NAMES`, and `ONNX_FILE_NAMES` in
-    `onnx/`) that is there but not a regular file: a FIFO would block whoever opens it, a device never ends."""
+    `onnx/`) that is there but not a regular file (a FIFO would block whoever opens it, a device never ends), or is a
+    JSON file larger than its limit (`gpt_serve.files.json_max_bytes`: transformers reads them whole)."""
     folder = Path(folder)
     for path in (*(folder / n for n in MODEL_FILE_NAMES), *(folder / ONNX_SUBDIR / n for n in ONNX_FILE_NAMES)):
         check_regular(path)
+        limit = json_max_bytes(path.name)
+        if path.suffix == ".json" and path.is_file() and path.stat().st_size > limit:
+            raise ValueError(
+                f"{path} has {path.stat().st_size:,} bytes; a model folder's {path.name} holds at most {limit:,}"
+            )
 
 
 __all__ = [

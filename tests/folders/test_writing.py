@@ -135,3 +135,45 @@ def test_readers_name_what_is_not_a_regular_file(tmp_path, what):
     os.symlink(tmp_path / "real", tmp_path / "link")
     assert check_regular(tmp_path / "link") == tmp_path / "link"  # a link to a regular file is read (HF caches)
     assert check_regular(tmp_path / "missing") == tmp_path / "missing"  # the caller says it is missing
+
+
+# --- a full disk is one line, whoever writes (issue 40: safetensors raised its own error) -----------------------
+
+RUST_NO_SPACE = (
+    'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+)
+
+
+def test_a_full_disk_during_a_safetensors_write_is_the_same_one_line(tmp_path):
+    """safetensors' `SafetensorError` carries no errno, only Rust's I/O error: it was a traceback where every other
+    write says "no space left on the device"."""
+    from safetensors import SafetensorError
+
+    def weights(folder):
+        raise SafetensorError(RUST_NO_SPACE)
+
+    with pytest.raises(OSError, match=r"^\[Errno 28\] no space left on the device to write .*model\.new-") as e:
+        write_new_folder(tmp_path / "model", weights)
+    assert e.value.errno == errno.ENOSPC and list(tmp_path.iterdir()) == []
+
+    def other(folder):
+        raise SafetensorError("Error while serializing: a tensor shares memory")
+
+    with pytest.raises(SafetensorError, match="shares memory"):  # not a full disk: raised as it is
+        write_new_folder(tmp_path / "model", other)
+
+
+def test_gpt_serve_copy_onto_a_full_disk_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    from gpt_serve.cli import main
+
+    def full(*args, **kwargs):
+        raise SafetensorError(RUST_NO_SPACE)
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    assert main(["copy", "ladder-a", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "no space left on the device to write" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
