@@ -9,8 +9,11 @@ nothing):
 - the OpenAI-compatible API (/v1, /tokenize, /detokenize, /version, and /metrics with `--metrics-need-key`) wants
   `Authorization: Bearer <key>`, as on `gpt-serve serve`; /health stays open;
 - a request that carries a body is refused (401) from its headers alone, before its body is read, unless it bears
-  the key or the cookie of a logged-in page (`gpt_serve.serving.limits.KeyGate`); the login form itself and requests
-  without a body (GET) are let through to the routes, each of which checks its own access;
+  the key or the cookie of a logged-in page (`gpt_serve.serving.limits.KeyGate`); the login form itself (its body at
+  most 4 KiB, read apart from the keyed budget) and requests without a body (GET; one with a body is a 413) are let
+  through to the routes, each of which checks its own access; `/browser/` (the model's files) needs the key or the
+  cookie;
+- the login page describes no endpoint (`NoAPIForVisitors`: Gradio's own embeds the app's API description);
 - FastAPI's own /openapi.json is turned off.
 """
 

@@ -2,13 +2,16 @@
 long (`gpt-serve serve`, Ray Serve replicas and the demo all use it; needs the `serve` extra):
 
 - who may send a body: with an API key, a request's headers must bear it before a byte of its body is read (401,
-  `KeyGate`, an ASGI middleware outside `BodyLimits`);
+  `KeyGate`, an ASGI middleware outside `BodyLimits`); a request without it, to a route that needs none, may send no
+  body (413 from its headers) but what its route takes without the key (the demo's login form, at most
+  `KEYLESS_BODY_BYTES`), read by the gate itself and never counted in the keyed requests' budget below;
 - the request body: at most `max_body_bytes` (a Content-Length over it is refused unread, a body without one is cut
   off as it passes the limit: 413) and whole within `body_timeout` seconds of the request's headers (408), read
   before the app sees it (`BodyLimits`, an ASGI middleware); the bodies being received at once, at most
   `max_bodies` of them and `max_bodies_bytes` in all (429 `server_busy` past either);
-- the JSON's nesting: at most `MAX_JSON_DEPTH` levels, checked by a scan of the bytes before `json.loads`
-  (`parse_json`: 400), so no parser or `repr` recurses past Python's limit;
+- the JSON: UTF-8 only (RFC 8259), at most `MAX_JSON_DEPTH` levels deep, checked by a scan of the bytes before
+  `json.loads`, so no parser or `repr` recurses past Python's limit, and no lone surrogate (`parse_json`: 400); the
+  body let go of once parsed (`read_json`);
 - the request's headers: whole within `header_timeout` seconds of connecting, or of the previous answer on a kept-alive
   connection, or the connection is closed (`close_slow_headers`; uvicorn's own keep-alive timeout stops at a
   request's first byte);
