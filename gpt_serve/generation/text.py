@@ -10,6 +10,7 @@ only its errors (`RequestError`, `ServerBusy`) to its own wire format.
 
 from __future__ import annotations
 
+from .backends.protocol import check_token_ids
 from .constraints import compile_constraint
 from .fields import RequestError
 from .requests import EngineError, Request, Stream
@@ -75,6 +76,10 @@ class TextStream:
         self.prompt = vocab.decode(self.prompt_ids)  # as the model reads it (a newline for the empty prompt)
         # structured outputs: compiled for this vocabulary (cached; a RequestError names what is wrong)
         self.automaton = compile_constraint(request.constraint, vocab.chars, request.allowed_token_ids)
+        try:
+            check_token_ids([t for t, _ in request.logit_bias], len(vocab.chars), "logit_bias")
+        except ValueError as e:
+            raise RequestError(str(e), "logit_bias") from None
         job = Request(
             self.prompt_ids,
             request.max_new_tokens,
