@@ -113,3 +113,37 @@ def test_generate_with_a_broken_corpus_json_warns_and_generates_as_the_demo_serv
     with caplog.at_level(logging.WARNING, logger="gpt_serve.folders.corpus_record"):
         assert main(["generate", str(folder), "--max-new-tokens", "3", "--seed", "0"]) == 0  # from a newline
     assert "corpus.json: its JSON is nested too deep" in caplog.text and "is ignored" in caplog.text
+
+
+def test_generate_takes_a_regex_choices_and_a_schema_file(tiny_model_dir, tmp_path, capsys):
+    base = ["generate", str(tiny_model_dir), "--prompt", "ROMEO:", "--no-echo", "--seed", "1"]
+    assert main([*base, "--regex", "[A-Z]{2,6}:\n[a-z ]{1,9}[.!]"]) == 0
+    assert re.fullmatch(r"[A-Z]{2,6}:\n[a-z ]{1,9}[.!]\n", capsys.readouterr().out)
+    assert main([*base, "--choice", "Ay.", "--choice", "No, my lord."]) == 0
+    assert capsys.readouterr().out in ("Ay.\n", "No, my lord.\n")
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "properties": {"age": {"type": "integer"}}}')
+    assert main([*base, "--json-schema", str(schema)]) == 2  # Tiny Shakespeare's vocabulary has no '{'
+    captured = capsys.readouterr()
+    assert "vocabulary cannot write any text the constraint accepts: it lacks the characters '\"'" in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--regex", "a("], r"structured_outputs.regex: the regex is malformed or unsupported \(missing \)"),
+        (["--json-schema", "/nonexistent/schema.json"], "--json-schema: cannot read /nonexistent/schema.json"),
+        (["--grammar", __file__], "structured_outputs.grammar: grammars are not supported"),
+    ],
+)
+def test_bad_constraints_exit_2_with_a_message(tiny_model_dir, capsys, args, message):
+    assert main(["generate", str(tiny_model_dir), "--prompt", "ROMEO:", *args]) == 2
+    captured = capsys.readouterr()
+    assert re.search(message, captured.err) and captured.out == ""
+
+
+def test_two_constraints_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--regex", "a", "--choice", "b"])
+    assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err

@@ -174,8 +174,13 @@ def test_the_compiler_still_works_after_a_hostile_pattern(shakespeare):
 
 
 def test_sampled_speaker_lines_all_match_and_stop(shakespeare):
-    fields = {"prompt": "ROMEO:\nI love thee.\n\n", "max_tokens": 200, "temperature": 1, "seed": 5,
-              "structured_outputs": {"regex": SPEAKER_LINE}}  # fmt: skip
+    fields = {
+        "prompt": "ROMEO:\nI love thee.\n\n",
+        "max_tokens": 200,
+        "temperature": 1,
+        "seed": 5,
+        "structured_outputs": {"regex": SPEAKER_LINE},
+    }
     streams = texts(shakespeare, fields, n=8, max_batch=8)
     for s in streams:
         assert re.fullmatch(SPEAKER_LINE, s.text), s.text
@@ -185,8 +190,12 @@ def test_sampled_speaker_lines_all_match_and_stop(shakespeare):
 
 def test_a_choice_request_returns_only_the_choices(shakespeare):
     choices = ["Ay.", "No, my lord.", "Nay"]
-    streams = texts(shakespeare, {"prompt": "ROMEO:\n", "max_tokens": 50, "seed": 0,
-                                  "structured_outputs": {"choice": choices}}, n=16, max_batch=16)  # fmt: skip
+    streams = texts(
+        shakespeare,
+        {"prompt": "ROMEO:\n", "max_tokens": 50, "seed": 0, "structured_outputs": {"choice": choices}},
+        n=16,
+        max_batch=16,
+    )
     assert all(s.text in choices and s.finish_reason == "stop" for s in streams)
 
 
@@ -232,8 +241,13 @@ def test_the_logprobs_stay_the_models_own(shakespeare):
 
 
 def test_a_row_alone_and_in_a_batch_of_64_gets_the_same_text(shakespeare):
-    fields = {"prompt": "ROMEO:\n", "max_tokens": 40, "seed": 9, "temperature": 1,
-              "structured_outputs": {"regex": SPEAKER_LINE}}  # fmt: skip
+    fields = {
+        "prompt": "ROMEO:\n",
+        "max_tokens": 40,
+        "seed": 9,
+        "temperature": 1,
+        "structured_outputs": {"regex": SPEAKER_LINE},
+    }
     alone = [texts(shakespeare, {**fields, "seed": 9 + i})[0].text for i in (0, 37)]
     batch = texts(shakespeare, fields, n=64, max_batch=64)
     assert [batch[0].text, batch[37].text] == alone
@@ -285,8 +299,13 @@ def fits(value) -> bool:
 
 
 def test_a_json_schema_gives_json_that_fits_it_for_every_sample(json_model):
-    fields = {"prompt": "{", "max_tokens": 300, "seed": 0, "temperature": 1,
-              "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}}  # fmt: skip
+    fields = {
+        "prompt": "{",
+        "max_tokens": 300,
+        "seed": 0,
+        "temperature": 1,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}},
+    }
     streams = texts(json_model, fields, n=8, max_batch=8)
     for s in streams:
         assert fits(json.loads(s.text)), s.text
@@ -294,8 +313,12 @@ def test_a_json_schema_gives_json_that_fits_it_for_every_sample(json_model):
 
 
 def test_json_object_gives_a_json_object(json_model):
-    streams = texts(json_model, {"prompt": "x", "max_tokens": 400, "seed": 1, "response_format": {"type":
-                                 "json_object"}}, n=4, max_batch=4)  # fmt: skip
+    streams = texts(
+        json_model,
+        {"prompt": "x", "max_tokens": 400, "seed": 1, "response_format": {"type": "json_object"}},
+        n=4,
+        max_batch=4,
+    )
     for s in streams:
         if s.finish_reason == "stop":
             assert isinstance(json.loads(s.text), dict), s.text

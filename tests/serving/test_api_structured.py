@@ -28,8 +28,14 @@ def client(models_root):
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
 def test_completions_follow_a_regex_for_every_choice(client, backend):
-    out = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=60, n=4, seed=1, extra_body={
-        "backend": backend, "structured_outputs": {"regex": SPEAKER}})  # fmt: skip
+    out = client.completions.create(
+        model="tiny",
+        prompt="ROMEO:",
+        max_tokens=60,
+        n=4,
+        seed=1,
+        extra_body={"backend": backend, "structured_outputs": {"regex": SPEAKER}},
+    )
     assert len(out.choices) == 4
     for c in out.choices:
         assert re.fullmatch(SPEAKER, c.text) and c.finish_reason == "stop", c
@@ -37,8 +43,11 @@ def test_completions_follow_a_regex_for_every_choice(client, backend):
 
 def test_streamed_choices_follow_it_too(client):
     body = {"structured_outputs": {"regex": SPEAKER}}
-    chunks = list(client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=60, n=2, seed=3, stream=True,
-                                            extra_body=body))  # fmt: skip
+    chunks = list(
+        client.completions.create(
+            model="tiny", prompt="ROMEO:", max_tokens=60, n=2, seed=3, stream=True, extra_body=body
+        )
+    )
     texts = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in range(2)]
     assert all(re.fullmatch(SPEAKER, t) for t in texts), texts
     whole = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=60, n=2, seed=3, extra_body=body)
@@ -47,16 +56,26 @@ def test_streamed_choices_follow_it_too(client):
 
 def test_a_chat_reply_is_one_of_the_choices(client):
     choices = ["Ay, my lord.", "No."]
-    out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Wilt thou?"}], n=6,
-                                         seed=0, max_tokens=40, extra_body={"structured_outputs": {"choice": choices}})  # fmt: skip
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Wilt thou?"}],
+        n=6,
+        seed=0,
+        max_tokens=40,
+        extra_body={"structured_outputs": {"choice": choices}},
+    )
     for c in out.choices:
         assert c.message.content in choices and c.finish_reason == "stop"
 
 
 def test_a_json_schema_the_vocabulary_cannot_write_is_a_400_naming_the_characters(client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Thy age?"}], max_tokens=9,
-            response_format={"type": "json_schema", "json_schema": {"name": "age", "schema": SCHEMA}})  # fmt: skip
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Thy age?"}],
+            max_tokens=9,
+            response_format={"type": "json_schema", "json_schema": {"name": "age", "schema": SCHEMA}},
+        )
     message = e.value.body["message"]
     assert message.startswith("response_format.json_schema.schema: this model's vocabulary cannot write any text")
     assert "'{'" in message and "'\"'" in message and e.value.body["param"] == "response_format"
@@ -83,11 +102,13 @@ def test_logit_bias_and_allowed_token_ids(client):
     e = 43  # 'e' in Tiny Shakespeare's vocabulary
     out = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=100, n=4, seed=2, logit_bias={e: -100})
     assert all("e" not in c.text for c in out.choices)
-    out = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=30, seed=2, temperature=0,
-                                    logit_bias={e: 100})  # fmt: skip
+    out = client.completions.create(
+        model="tiny", prompt="ROMEO:", max_tokens=30, seed=2, temperature=0, logit_bias={e: 100}
+    )
     assert out.choices[0].text == "e" * 30
-    out = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=30, seed=2,
-                                    extra_body={"allowed_token_ids": [1, 43]})  # fmt: skip
+    out = client.completions.create(
+        model="tiny", prompt="ROMEO:", max_tokens=30, seed=2, extra_body={"allowed_token_ids": [1, 43]}
+    )
     assert set(out.choices[0].text) <= {" ", "e"}
 
 
