@@ -1,10 +1,10 @@
 """Compiling a regex (or a JSON schema, through its regex) to a character DFA in a process of its own, so that a
-hostile pattern costs a bounded time and memory and never stalls the server: outlines-core's compiler is Rust code
-that holds the calling thread until it is done (`((a{100}){100}){100}` ran for minutes here), so the only way to
-bound it is to run it where it can be killed.
+hostile pattern costs a bounded time and memory and never stalls the server: interegular builds the DFA (pure
+Python; `((a{100}){100}){100}` would take minutes and gigabytes), outlines-core writes a schema's regex, and the
+only way to bound either is to run it where it can be killed (docs/structured.md says why these two).
 
-`compile_dfa(kind, text, alphabet)` sends the job to one long-lived worker (`python -m
-gpt_serve.generation.compile_worker`, which imports numpy and outlines-core only) and waits at most
+`compile_dfa(kind, text, alphabet)` sends the job to one long-lived worker (this file run as a script, in isolated
+mode: it imports numpy, interegular and outlines-core, nothing of the package) and waits at most
 `COMPILE_SECONDS`; past that, or if the worker dies (its memory is capped at `WORKER_MEMORY`), the worker is killed,
 the next job starts a new one, and the caller gets a `CompileError`. numpy only on this side.
 """
@@ -55,7 +55,7 @@ class _Worker:
         with self._lock:
             if self._process is None or self._process.poll() is not None:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-m", __name__],
+                    [sys.executable, "-I", os.path.abspath(__file__)],  # this file alone: no package to import
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
@@ -72,8 +72,9 @@ class _Worker:
             reader.start()
             reader.join(timeout)
             if not answer or not answer[0]:
+                timed_out = reader.is_alive()
                 self._kill()
-                if reader.is_alive():
+                if timed_out:
                     raise CompileError(f"compiling it took longer than {timeout:g} s: give a smaller pattern")
                 raise CompileError("compiling it ran out of memory: give a smaller pattern")
             return json.loads(answer[0])
@@ -105,13 +106,14 @@ def compile_dfa(
 
 
 def _compile(job: dict) -> dict:
-    """The worker's side: outlines-core's Index over a vocabulary of the alphabet's characters, one id each, as a
-    dense table of states renumbered 0..S-1."""
-    from outlines_core import Index, Vocabulary
-    from outlines_core.json_schema import build_regex_from_schema
+    """The worker's side: a schema to its regex (outlines-core), the regex to a character DFA (interegular), as a
+    dense table over the alphabet, states renumbered 0..S-1."""
+    import interegular
 
     text, alphabet = job["text"], job["alphabet"]
     if job["kind"] == "schema":
+        from outlines_core.json_schema import build_regex_from_schema
+
         try:
             text = build_regex_from_schema(text)
         except (ValueError, TypeError) as e:
@@ -120,32 +122,27 @@ def _compile(job: dict) -> dict:
             return {"error": f"the schema's regex is {len(text):,} characters long; the limit is {MAX_REGEX_CHARS:,}"}
     if job["end"]:
         text = f"(?:{text}){job['end']}"
-    eos = len(alphabet)  # outlines-core wants an end token; ours is virtual, past the alphabet
-    vocabulary = Vocabulary(eos, {c: [i] for i, c in enumerate(alphabet)})
     try:
-        index = Index(text, vocabulary)
-    except ValueError as e:
-        message = str(e)
-        if "incompatible" in message:  # a state the alphabet cannot leave: not a malformed pattern
-            return {"error": "it needs characters that this model's vocabulary lacks"}
-        return {"error": f"the regex is malformed or unsupported ({_syntax_error(text) or message})"}
-    transitions = index.get_transitions()
-    states = sorted(set(transitions) | {t for moves in transitions.values() for t in moves.values()})
+        fsm = interegular.parse_pattern(text).to_fsm()
+    except Exception as e:  # interegular's parse errors are of several types
+        return {"error": f"the regex is malformed or unsupported ({_syntax_error(text) or f'{type(e).__name__}: {e}'})"}
+    states = sorted(fsm.states)
     if len(states) > MAX_STATES:
         return {"error": f"its automaton has {len(states):,} states; the limit is {MAX_STATES:,}"}
     number = {s: i for i, s in enumerate(states)}
+    symbols = [fsm.alphabet[c] for c in alphabet]  # interegular's symbol of each character (or "anything else")
     table = np.full((len(states), len(alphabet)), -1, dtype=np.int32)
-    for s, moves in transitions.items():
-        for token, t in moves.items():
-            if token != eos:
-                table[number[s], token] = number[t]
-    finals = index.get_final_states()
+    for s, moves in fsm.map.items():
+        row = table[number[s]]
+        for a, symbol in enumerate(symbols):
+            if symbol in moves:
+                row[a] = number[moves[symbol]]
     return {
         "regex": text,
         "shape": list(table.shape),
         "table": base64.b64encode(table.tobytes()).decode(),
-        "initial": number[index.get_initial_state()],
-        "accepting": [number[s] for s in finals if s in number],
+        "initial": number[fsm.initial],
+        "accepting": [number[s] for s in fsm.finals],
     }
 
 

@@ -3,7 +3,7 @@ character automaton over a model's vocabulary (`CharAutomaton`), whose per-state
 that a decode step costs one table lookup per row (`rows.next_tokens`).
 
 Every token is one character, so the constraint's character DFA *is* the token mask: no walk over multi-character
-tokens, no token healing. outlines-core compiles the regex (and a schema to its regex) in a worker process
+tokens, no token healing. interegular compiles the regex (outlines-core writes a schema's regex) in a worker process
 (`compile_worker`, bounded in time and memory); the automaton is then restricted here to the vocabulary (and a
 request's `allowed_token_ids`) and pruned to the states from which an accepted text can still be written, so a row
 never walks into a dead end. Compiled automata are cached per (constraint, vocabulary, allowed ids). numpy only.
@@ -11,6 +11,7 @@ never walks into a dead end. Compiled automata are cached per (constraint, vocab
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -77,9 +78,8 @@ def constraint_job(constraint: Constraint) -> tuple[str, str, str]:
 
 
 def _literal(text: str) -> str:
-    """`text` as a regex matching itself (Rust's regex syntax: `\\x{..}` for anything but ASCII letters, digits and
-    space)."""
-    return "".join(c if (c.isalnum() and c.isascii()) or c == " " else f"\\x{{{ord(c):x}}}" for c in text)
+    """`text` as a regex matching itself."""
+    return re.escape(text)
 
 
 _CACHE: OrderedDict = OrderedDict()

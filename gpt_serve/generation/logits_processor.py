@@ -27,8 +27,8 @@ __all__ = ["StructuredOutputs"]
 
 class StructuredOutputs(LogitsProcessor):
     """The constraint of `structured_outputs` (vLLM's: regex, choice, json, json_object), `response_format`
-    (OpenAI's) and/or `allowed_token_ids` over `tokenizer`'s vocabulary (a `CharTokenizer`); every field checked,
-    and compiled, as a server does (a `RequestError` names what is wrong)."""
+    (OpenAI's) and/or `allowed_token_ids` over `tokenizer`'s vocabulary (a `CharTokenizer`, or its `CharVocab`);
+    every field checked, and compiled, as a server does (a `RequestError` names what is wrong)."""
 
     def __init__(self, tokenizer, structured_outputs=None, response_format=None, allowed_token_ids=None):
         request = parse_request(
@@ -38,7 +38,8 @@ class StructuredOutputs(LogitsProcessor):
                 "allowed_token_ids": allowed_token_ids,
             }
         )
-        automaton = compile_constraint(request.constraint, tokenizer.vocab.chars, request.allowed_token_ids)
+        chars = getattr(tokenizer, "vocab", tokenizer).chars
+        automaton = compile_constraint(request.constraint, chars, request.allowed_token_ids)
         if automaton is None:
             raise ValueError("give structured_outputs, a JSON response_format or allowed_token_ids")
         self.automaton: CharAutomaton = automaton
