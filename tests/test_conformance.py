@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -60,6 +62,7 @@ class Case:
 
 VOCAB_CHARS = "".join(json.loads((model_path(MODEL) / "vocab.json").read_text(encoding="utf-8")))
 G = dict(temperature=0, max_new_tokens=24)
+SPEAKER_LINE = r"[A-Z][A-Z ]{1,20}:\n[A-Z][a-z ,]{3,40}[.!?]"
 
 CASES = [
     Case("spaces and newlines", dict(prompt="a b\nc d, e", **G)),
@@ -133,6 +136,52 @@ CASES = [
         "sampled past block_size",
         dict(prompt=SHAKESPEARE, window_mode="refill", temperature=0.9, seed=11, max_new_tokens=40),
     ),
+    # structured outputs (docs/structured.md; the demo has no Format control yet)
+    Case(
+        "a regex, greedy",
+        dict(prompt="ROMEO:\n", structured_outputs={"regex": SPEAKER_LINE}, **G),
+        surfaces_without=("demo",),
+    ),
+    Case(
+        "a regex, sampled",
+        dict(prompt="ROMEO:\n", structured_outputs={"regex": SPEAKER_LINE}, temperature=1, seed=6, max_new_tokens=80),
+        surfaces_without=("demo",),
+    ),
+    Case(
+        "choices, sampled",
+        dict(
+            prompt="Wilt thou?\n",
+            structured_outputs={"choice": ["Ay.", "No, my lord.", "Nay"]},
+            seed=2,
+            max_new_tokens=20,
+        ),
+        surfaces_without=("demo",),
+    ),
+    Case(
+        "a regex past block_size",
+        dict(prompt=SHAKESPEARE, structured_outputs={"regex": "[a-z ]+"}, temperature=0.9, seed=7, max_new_tokens=30),
+        surfaces_without=("demo",),
+    ),
+    Case(
+        "logit_bias",
+        dict(prompt="ROMEO:", logit_bias={str(VOCAB_CHARS.index("e")): -100}, temperature=1, seed=8, max_new_tokens=40),
+        surfaces_without=("cli", "demo"),
+    ),
+    Case(
+        "a JSON schema the vocabulary cannot write",
+        dict(
+            prompt="ROMEO:", structured_outputs={"json": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+        ),
+        refusal="structured_outputs.json: this model's vocabulary cannot write any text the constraint accepts: it "
+        "lacks the characters '\"' '0' '1' '2' '4' '5' '6' '7' '8' '9' '{' '}'",
+        surfaces_without=("demo",),
+    ),
+    Case(
+        "a malformed regex",
+        dict(prompt="ROMEO:", structured_outputs={"regex": "[A-Z"}),
+        refusal="structured_outputs.regex: the regex is malformed or unsupported",
+        surfaces_without=("demo",),
+    ),
 ]
 
 
@@ -176,7 +225,7 @@ def library(s, loaded, backend, f):
         sampling = SamplingParams(
             f.get("temperature", 1.0), f.get("top_k"), f.get("top_p", 1.0), f.get("repetition_penalty", 1.0)
         )
-        keys = ("seed", "window_mode", "refill_tokens", "stop", "unk_policy")
+        keys = ("seed", "window_mode", "refill_tokens", "stop", "unk_policy", "structured_outputs", "logit_bias")
         kwargs = {k: f[k] for k in keys if k in f}
         m = loaded[backend]
         return generate_text(m.backend, m.vocab, f.get("prompt", ""), f.get("max_new_tokens", 256), sampling, **kwargs)
@@ -204,6 +253,13 @@ def cli(s, loaded, backend, f):
             argv.append(f"{flag}={f[key]}")
     for stop in f.get("stop", ()):
         argv.append(f"--stop={stop}")
+    structured = f.get("structured_outputs", {})
+    argv += [f"--regex={structured['regex']}"] if "regex" in structured else []
+    argv += [f"--choice={c}" for c in structured.get("choice", ())]
+    if "json" in structured:
+        schema = Path(tempfile.mkdtemp()) / "schema.json"
+        schema.write_text(json.dumps(structured["json"]), encoding="utf-8")
+        argv.append(f"--json-schema={schema}")
     out, err = io.StringIO(), io.StringIO()
     original = generate_command.load_backend
     generate_command.load_backend = lambda model, key, threads: loaded[key]  # the model is loaded once for all cases
@@ -302,10 +358,17 @@ def hf_generate(case, loaded):
     kwargs = {k: f[k] for k in ("window_mode", "refill_tokens") if k in f}
     if "repetition_penalty" in f:
         kwargs["repetition_penalty"] = f["repetition_penalty"]
+    end = None
+    if "structured_outputs" in f:  # the package's LogitsProcessor over the same automaton
+        from gpt_serve.generation.logits_processor import StructuredOutputs
+
+        constraint = StructuredOutputs(m.vocab, structured_outputs=f["structured_outputs"])
+        kwargs |= dict(logits_processor=[constraint], stopping_criteria=[constraint.stopping_criteria()])
+        end = constraint.end_of
     out = m.backend.pretrained.generate(
         torch.tensor([ids]), do_sample=False, max_new_tokens=f["max_new_tokens"], **kwargs
     )
-    return m.vocab.decode(out[0, len(ids) :].tolist())
+    return m.vocab.decode(out[0, len(ids) : end(out[0]) if end else None].tolist())
 
 
 def onnxruntime_loop(case, loaded):
@@ -376,11 +439,13 @@ def genai_reference(case, loaded):
 def runtimes_for(case, backend, loaded):
     """The other runtimes that can run this case: greedy, no field of ours they lack; genai inside its window."""
     f = case.fields
-    if case.refusal or not case.greedy or "stop" in f:
+    if case.refusal or not case.greedy or "stop" in f or "logit_bias" in f:
         return {}
     out = {}
     if backend == "torch":
         out["transformers generate"] = hf_generate
+    if "structured_outputs" in f:  # only transformers' generate takes a constraint (through our LogitsProcessor)
+        return out
     if backend == "onnx" and "repetition_penalty" not in f:
         out["plain onnxruntime"] = onnxruntime_loop
     if (
@@ -424,4 +489,37 @@ def test_every_surface_agrees(surfaces, loaded, case, backend):
     if not case.refusal:
         assert kinds == {"text"}
         text = results["library"][1]
-        assert len(text) == case.fields["max_new_tokens"] or "stop" in case.fields, text
+        constrained = "stop" in case.fields or "structured_outputs" in case.fields
+        assert len(text) == case.fields["max_new_tokens"] or constrained, text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_constrained_request_gets_its_text_alone_and_in_a_batch_of_64(loaded, backend):
+    """63 neighbours in the same batch (constrained by the same regex, by another, by choices, or not at all) change
+    no token of a sampled, constrained request."""
+    from gpt_serve.generation.scheduler import Scheduler
+
+    m = loaded[backend]
+    fields = dict(prompt="ROMEO:\n", temperature=1, seed=21, max_new_tokens=60)
+    request = parse_request({**fields, "structured_outputs": {"regex": SPEAKER_LINE}})
+    others = [
+        {"structured_outputs": {"regex": SPEAKER_LINE}},
+        {"structured_outputs": {"regex": "[a-z ]+"}},
+        {"structured_outputs": {"choice": ["Ay.", "No."]}},
+        {},
+    ]
+    alone = generate_text(
+        m.backend, m.vocab, "ROMEO:\n", 60, SamplingParams(1.0), seed=21, structured_outputs={"regex": SPEAKER_LINE}
+    )
+    scheduler = Scheduler(m.backend, max_batch=64, max_queue=64)
+    try:
+        streams = [
+            TextStream(scheduler, m.vocab, parse_request({**fields, **others[i % 4], "seed": 100 + i}))
+            for i in range(63)
+        ]
+        streams.insert(31, TextStream(scheduler, m.vocab, request))
+        texts = ["".join(s) for s in streams]
+    finally:
+        scheduler.close()
+    assert texts[31] == alone and streams[31].finish_reason == "stop"

@@ -227,3 +227,18 @@ def test_vllm_refuses_a_head_size_its_cpu_attention_lacks(offline):
     """ladder-b..e have heads of 8 channels (32 / 4): vLLM loads the folder, then its CPU attention refuses."""
     folders, results = offline
     assert "head_dim=8" in results[str(folders["ladder-b"])].get("error", ""), results[str(folders["ladder-b"])]
+
+
+def test_vllm_fails_a_constrained_request_on_our_folder_with_a_500(client):
+    """The same choice constraint that our server honours (tests/serving/test_api_structured.py), sent to vLLM on a
+    copy of our folder: vLLM 0.32's CPU build answers 500 "Internal server error" (its structured-output backends
+    want a tokenizer with an EOS token; docs/structured.md, "Beside vLLM"), and serves the next plain request."""
+    import openai
+
+    body = {"structured_outputs": {"choice": ["Ay.", "No, my lord."]}}
+    with pytest.raises(openai.InternalServerError):
+        client.completions.create(
+            model="shakespeare", prompt="Wilt thou?\n", max_tokens=20, temperature=0, extra_body=body
+        )
+    answer = client.completions.create(model="shakespeare", prompt="Wilt thou?\n", max_tokens=5, temperature=0)
+    assert len(answer.choices[0].text) == 5

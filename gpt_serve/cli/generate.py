@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     prompt = default_prompt(args.model) if prompt is None else prompt
     # every field checked by the request specification before anything loads, as a server checks it
-    request = parse_request({**{name: getattr(args, name) for name in GENERATE_FIELDS}, "prompt": prompt})
+    fields = {name: getattr(args, name) for name in GENERATE_FIELDS}
+    request = parse_request({**fields, "prompt": prompt, "structured_outputs": structured_outputs(args)})
     loaded = load_backend(args.model, request.backend, args.threads)
     # refuses unknown characters here, naming the flag that accepts them
     text = TextStream(inline_scheduler(loaded.backend), loaded.vocab, request, unk_hint=CLI_UNK_HINT)
@@ -77,6 +78,37 @@ def model_argument(positional: str | None, flag: str | None) -> str:
     return positional or flag or DEFAULT_MODEL
 
 
+def structured_outputs(args: argparse.Namespace) -> dict | None:
+    """The request's `structured_outputs` from `--regex`, `--choice`, `--json-schema FILE` or `--grammar FILE` (at
+    most one: argparse refuses two)."""
+    if args.regex is not None:
+        return {"regex": args.regex}
+    if args.choice:
+        return {"choice": args.choice}
+    if args.json_schema is not None:
+        return {"json": _read(args.json_schema, "--json-schema")}
+    if args.grammar is not None:
+        return {"grammar": _read(args.grammar, "--grammar")}
+    return None
+
+
+def _read(path: str, flag: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{flag}: cannot read {path}: {e.strerror or e}") from None
+
+
+def _add_structured_arguments(g) -> None:
+    """Structured outputs (docs/structured.md): what the text must be, one way at most."""
+    one = g.add_mutually_exclusive_group()
+    one.add_argument("--regex", default=None, help="the text must match this regular expression")
+    one.add_argument("--choice", action="append", default=None, help="the text is one of these (repeat the flag)")
+    one.add_argument("--json-schema", metavar="FILE", default=None, help="the text is JSON that fits this schema")
+    one.add_argument("--grammar", metavar="FILE", default=None, help="a grammar (refused: docs/structured.md)")
+
+
 def _default(field: str):
     return FIELDS_BY_NAME[field].default
 
@@ -95,6 +127,7 @@ def add_parser(sub) -> None:
         "sample prompt, from its folder's corpus.json, else empty)",
     )
     _add_sampling_arguments(g)
+    _add_structured_arguments(g)
     g.add_argument("--backend", default=DEFAULT_BACKEND, help=f"what computes the logits: {', '.join(BACKENDS)}")
     g.add_argument("--threads", type=thread_count, default=None, help="threads per forward pass (none: all CPUs)")
     g.add_argument("--no-echo", action="store_true", help="do not print the prompt before the continuation")

@@ -38,8 +38,9 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class Field:
-    """One request field: `kind` is "integer", "number", "text", "choice" or "stop"; `lo`/`hi` bound numbers (`hi`
-    the length of text); None values (JSON null) mean the default."""
+    """One request field: `kind` is "integer", "number", "text", "choice", "stop", "backend", "model", or a kind of
+    `structured.CHECKS`; `lo`/`hi` bound numbers (`hi` the length of text); None values (JSON null) mean the
+    default."""
 
     name: str
     kind: str
@@ -86,6 +87,11 @@ FIELDS: tuple[Field, ...] = (
     Field("window_mode", "choice", DEFAULT_WINDOW_MODE, choices=WINDOW_MODES, doc="past block_size"),
     Field("refill_tokens", "integer", None, 1, None, doc="tokens kept by refill (null: block_size // 2)"),
     Field("unk_policy", "choice", "error", choices=UNK_POLICIES, doc="characters outside the vocabulary"),
+    # structured outputs (`structured`, docs/structured.md): checked there, by their kind
+    Field("structured_outputs", "structured_outputs", None, doc="vLLM's: one of regex, choice, json, json_object"),
+    Field("response_format", "response_format", None, doc="OpenAI's: text, json_object or json_schema"),
+    Field("logit_bias", "logit_bias", None, doc="token id -> bias in [-100, 100] added to its logit"),
+    Field("allowed_token_ids", "token_ids", None, doc="vLLM's: only these token ids are sampled (null: all)"),
     Field("backend", "backend", None, doc="torch, onnx or onnx-int8 (null: the server's default)"),
     Field("model", "model", None, doc="a model name (null: the server's default)"),
 )

@@ -102,16 +102,24 @@ def stream_text(
     refill_tokens: int | None = None,
     stop: str | Sequence[str] | None = None,
     unk_policy: str | None = None,
+    structured_outputs: dict | None = None,
+    response_format: dict | None = None,
+    logit_bias: dict | None = None,
+    allowed_token_ids: Sequence[int] | None = None,
 ) -> Iterator[str]:
     """Yields the generated text one character (one token) at a time; the prompt is not repeated.
 
     `vocab` is a `CharVocab` (`load_backend(...).vocab`, or a `CharTokenizer`'s `.vocab`); `sampling` is how tokens
     are picked (default: plain sampling at temperature 1); `seed` None draws one. `stop`: a string or up to four;
-    the text ends before the first one. Every argument is checked by the request specification (`spec`), as a
-    server checks it: a bad one raises its `RequestError` (a ValueError) at the first `next()`.
+    the text ends before the first one. `structured_outputs` (vLLM's: `{"regex": ...}`, `{"choice": [...]}`,
+    `{"json": schema}`), `response_format` (OpenAI's), `logit_bias` and `allowed_token_ids` constrain the text
+    (docs/structured.md). Every argument is checked by the request specification (`spec`), as a server checks it:
+    a bad one raises its `RequestError` (a ValueError) at the first `next()`.
     """
     sampling = sampling or SamplingParams()
     given = {"seed": seed, "stop": stop, "window_mode": window_mode, "refill_tokens": refill_tokens}
+    given |= {"structured_outputs": structured_outputs, "response_format": response_format}
+    given |= {"logit_bias": logit_bias, "allowed_token_ids": allowed_token_ids}
     sampling_fields = {f.name: getattr(sampling, f.name) for f in dataclasses.fields(sampling)}
     request = parse_request(
         {"prompt": prompt, "max_new_tokens": max_new_tokens, "unk_policy": unk_policy, **sampling_fields, **given}

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..chargpt.window import DEFAULT_WINDOW_MODE, window_keep
 from .backends.protocol import check_token_ids
@@ -52,6 +52,10 @@ class Request:
     refill_tokens: int | None = None
     stop_token_ids: Sequence[int] = ()
     logprobs: int | None = None  # report each token's logprob and this many top ones (`Stream.logprobs`)
+    # structured outputs: the automaton the text must follow (`constraints.CharAutomaton`), and (id, bias) pairs
+    # added to the logits (OpenAI's logit_bias)
+    constraint: Any = None
+    logit_bias: Sequence[tuple[int, float]] = ()
 
 
 def check_prompt_ids(ids: Sequence[int], vocab_size: int, name: str = "the prompt") -> None:
@@ -75,6 +79,10 @@ def check_request(request: Request, block_size: int, vocab_size: int) -> None:
     window_keep(block_size, request.window_mode, request.refill_tokens)  # raises for a bad window
     if request.logprobs is not None:
         check_value("logprobs", request.logprobs)
+    if request.constraint is not None and getattr(request.constraint, "vocab_size", None) != vocab_size:
+        raise ValueError(f"constraint must be a CharAutomaton of this model's vocabulary of {vocab_size} ids")
+    if request.logit_bias:
+        check_token_ids([t for t, _ in request.logit_bias], vocab_size, "logit_bias")
 
 
 _DONE = object()

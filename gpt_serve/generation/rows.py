@@ -51,6 +51,14 @@ class Row:
         # The window is ids[start:] (`gpt_serve.chargpt.window`); a prompt longer than the window starts from its last
         # `keep`
         self.start = window_start(len(self.ids), 0, block_size, self.keep)
+        # structured outputs (`constraints`): OpenAI's logit_bias as a row over the vocabulary, and the automaton's
+        # state, a function of the generated tokens (a row made again from its tokens finds it again)
+        self.bias = None
+        if r.logit_bias:
+            self.bias = np.zeros(vocab_size)
+            self.bias[[t for t, _ in r.logit_bias]] = [b for _, b in r.logit_bias]
+        self.automaton = r.constraint
+        self.state = self.automaton.walk(self.ids[self.prompt_len :]) if self.automaton is not None else 0
 
     def accept(self, token: int) -> bool:
         """Adds `token`; returns whether the request is complete (its length reached, or a stop token)."""
@@ -60,6 +68,10 @@ class Row:
         if self.counts is not None:
             self.counts[token] += 1
         self.left -= 1
+        if self.automaton is not None:
+            self.state = int(self.automaton.next_state[self.state, token])
+            if self.automaton.final[self.state]:  # accepted, and nothing may follow: "stop"
+                return True
         return self.left <= 0 or token in self.stops
 
     def window(self) -> list[int]:
@@ -86,6 +98,7 @@ def next_tokens(rows: list[Row], logits: np.ndarray, backend_name: str) -> Outco
     work = _penalized(rows, logits, out)
     _refuse_non_finite(rows, logits, work, out, backend_name)
     live = [i for i in range(len(rows)) if i not in out.errors]
+    work = _constrained(rows, logits, work, live)
     _sample(rows, work, live, out)
     wanted = [i for i in live if rows[i].top_logprobs is not None and i not in out.errors]
     if wanted:
@@ -111,7 +124,7 @@ def _isolated(indices: list[int], out: Outcome, stage: str, batch, alone) -> Non
 def _penalized(rows: list[Row], logits: np.ndarray, out: Outcome) -> np.ndarray:
     """The logits after each row's penalties (a copy where any row has them), for all such rows at once (or, if
     that raises, each alone); a row whose penalties fail ends with an error."""
-    penalized = [i for i, r in enumerate(rows) if r.seen is not None or r.counts is not None]
+    penalized = [i for i, r in enumerate(rows) if r.seen is not None or r.counts is not None or r.bias is not None]
     if not penalized:
         return logits
     work = logits.copy()
@@ -162,6 +175,28 @@ def apply_penalties(work: np.ndarray, rows: list[Row], at: list[int]) -> None:
         frequency = np.array([row.sampling.frequency_penalty for _, row in counted])[:, None]
         presence = np.array([row.sampling.presence_penalty for _, row in counted])[:, None]
         work[where] -= frequency * counts + presence * (counts > 0)
+    biased = [(i, row) for i, row in zip(at, rows, strict=True) if row.bias is not None]
+    if biased:  # OpenAI's logit_bias, after the penalties
+        work[[i for i, _ in biased]] += np.stack([row.bias for _, row in biased])
+
+
+def _constrained(rows: list[Row], logits: np.ndarray, work: np.ndarray, live: list[int]) -> np.ndarray:
+    """`work` with the tokens each constrained live row's automaton does not allow there at -inf (a copy where any
+    row has one): one lookup of its state's row in the automaton's table. The draw then renormalises over the
+    allowed tokens; the logprobs stay the model's own (`logits`)."""
+    constrained = [i for i in live if rows[i].automaton is not None]
+    if not constrained:
+        return work
+    if work is logits:
+        work = logits.copy()
+    by_automaton: dict[int, list[int]] = {}
+    for i in constrained:
+        by_automaton.setdefault(id(rows[i].automaton), []).append(i)
+    for indices in by_automaton.values():
+        automaton = rows[indices[0]].automaton
+        allowed = automaton.allowed[[rows[i].state for i in indices]]  # (k, V)
+        work[indices] = np.where(allowed, work[indices], -np.inf)
+    return work
 
 
 def _penalty_settings(s: SamplingParams) -> str:

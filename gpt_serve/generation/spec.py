@@ -64,6 +64,7 @@ from .fields import (
     show_value,
 )
 from .sampling import SamplingParams
+from .structured import CHECKS, Constraint
 
 
 def check_prompts(prompts: list, rows_each: int = 1) -> None:
@@ -112,6 +113,10 @@ class GenerationRequest:
     window_mode: str = DEFAULT_WINDOW_MODE
     refill_tokens: int | None = None
     unk_policy: str = "error"
+    structured_outputs: Constraint | None = None
+    response_format: Constraint | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
     backend: str | None = None
     model: str | None = None
     sampling: SamplingParams = field(init=False, repr=False, compare=False)
@@ -128,6 +133,11 @@ class GenerationRequest:
             min_p=self.min_p,
         )
         object.__setattr__(self, "sampling", sampling)
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """What the text must be (`structured_outputs` or `response_format`, at most one of them)."""
+        return self.structured_outputs or self.response_format
 
     def seed_for(self, index: int) -> int:
         """The seed of prompt `index` of a list (`offset_seed`)."""
@@ -155,13 +165,17 @@ def parse_request(values: Mapping[str, Any], max_new_tokens_limit: int | None = 
         given[name], sent_as[name] = value, key
     seed = given.pop("seed", None)
     checked = {
-        f.name: check_value(f.name, given.get(f.name), max_new_tokens_limit if f.name == "max_new_tokens" else None)
+        f.name: CHECKS[f.kind](given.get(f.name))
+        if f.kind in CHECKS
+        else check_value(f.name, given.get(f.name), max_new_tokens_limit if f.name == "max_new_tokens" else None)
         for f in FIELDS
     }
     random_seed = seed is None or (isinstance(seed, numbers.Real) and not isinstance(seed, bool) and seed == -1)
     checked["seed"] = secrets.randbelow(RANDOM_SEEDS) if random_seed else check_value("seed", seed)
     if checked["window_mode"] == "exact" and checked["refill_tokens"] is not None:
         raise RequestError("refill_tokens applies only with window_mode 'refill'", "refill_tokens")
+    if checked["structured_outputs"] and checked["response_format"]:
+        raise RequestError("give structured_outputs or a JSON response_format, not both", "response_format")
     return GenerationRequest(**checked, seed_was_random=random_seed)
 
 

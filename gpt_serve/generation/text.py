@@ -10,6 +10,8 @@ only its errors (`RequestError`, `ServerBusy`) to its own wire format.
 
 from __future__ import annotations
 
+from .backends.protocol import check_token_ids
+from .constraints import compile_constraint
 from .fields import RequestError
 from .requests import EngineError, Request, Stream
 from .spec import GenerationRequest
@@ -72,6 +74,12 @@ class TextStream:
         prompt = request.prompt if prompt is None else prompt
         self.prompt_ids = encode_prompt(vocab, prompt, request.unk_policy, unk_hint)
         self.prompt = vocab.decode(self.prompt_ids)  # as the model reads it (a newline for the empty prompt)
+        # structured outputs: compiled for this vocabulary (cached; a RequestError names what is wrong)
+        self.automaton = compile_constraint(request.constraint, vocab.chars, request.allowed_token_ids)
+        try:
+            check_token_ids([t for t, _ in request.logit_bias], len(vocab.chars), "logit_bias")
+        except ValueError as e:
+            raise RequestError(str(e), "logit_bias") from None
         job = Request(
             self.prompt_ids,
             request.max_new_tokens,
@@ -80,6 +88,8 @@ class TextStream:
             request.window_mode,
             request.refill_tokens,
             logprobs=request.logprobs,
+            constraint=self.automaton,
+            logit_bias=request.logit_bias,
         )
         self.stream: Stream = scheduler.submit(job)
         self.text = ""  # the text so far, cut at a stop string
@@ -88,6 +98,7 @@ class TextStream:
         self._end_reason = "length"
         self._sent = 0  # how much of `text` `take` has returned
         self._hold = max((len(s) - 1 for s in request.stop), default=0)  # a tail that may still become a stop
+        self._state = self.automaton.initial if self.automaton is not None else 0  # after the tokens so far
 
     @property
     def done(self) -> bool:
@@ -142,8 +153,11 @@ class TextStream:
 
     def _text_of(self, chunk: list[int] | None) -> str:
         if chunk is None:
-            self.finish_reason = self._end_reason
+            done = self.automaton is not None and self.automaton.final[self._state]  # the constraint's text is whole
+            self.finish_reason = "stop" if done else self._end_reason
             return self._new_text(final=True)
+        if self.automaton is not None:
+            self._state = self.automaton.walk(chunk, self._state)
         checked = max(0, len(self.text) - self._hold)  # where a stop string may start that was not seen yet
         self.text += self.vocab.decode(chunk)
         self.tokens += len(chunk)

@@ -17,7 +17,7 @@ from .registry import ModelRegistry
 
 MAX_CHOICES = 16  # n (and best_of): choices a request may ask for, each a row of its own
 # OpenAI fields accepted only at the value that means "off" (what this server does not implement)
-OFF = {"suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none")}
+OFF = {"suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none")}
 # OpenAI fields that change nothing here (bookkeeping of OpenAI's own service)
 IGNORED = ("user", "store", "metadata", "service_tier", "parallel_tool_calls")
 
@@ -206,6 +206,9 @@ def parse_chat(body: Any, registry: ModelRegistry, default_backend: str, limit: 
     _check_prompts([prompt], n)
     request = _parse_fields({**fields, "logprobs": top if logprobs else None}, prompt, limit)
     request = dataclasses.replace(request, stop=(*request.stop, chat.END_OF_SPEECH))  # the reply is one speech
+    if request.constraint is not None:  # the constraint governs the reply: its text, then the end of the speech
+        ended = request.constraint.ending(chat.END_OF_SPEECH)
+        request = dataclasses.replace(request, **{request.constraint.field: ended})
     return Job(
         "chat",
         model,

@@ -232,3 +232,13 @@ def test_peers_benchmark_runs_vllm():
         *("--threads", "1"),
     )
     assert "| vllm-eager | 2 | " in out and "failed" not in out and "| 4 |" in out, out
+
+
+def test_structured_benchmark():
+    out = run_script(
+        "structured.py",
+        *("--threads", "1", "--backends", "onnx", "--streams", "3", "--tokens", "8", "--rounds", "1"),
+        *("--compiles", "2"),
+    )
+    assert "onnx       3 streams x 8 tokens" in out and "ratio" in out
+    assert "compile, small JSON schema" in out and "compile, speaker-line regex" in out

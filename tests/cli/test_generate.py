@@ -136,3 +136,37 @@ def test_the_model_is_positional_or_given_with_model(tiny_model_dir, capsys):
 def test_a_mistyped_folder_is_missing_a_mistyped_name_unknown(capsys, model, message):
     assert main(["generate", model, "--max-new-tokens", "3"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_generate_takes_a_regex_choices_and_a_schema_file(tiny_model_dir, tmp_path, capsys):
+    base = ["generate", str(tiny_model_dir), "--prompt", "ROMEO:", "--no-echo", "--seed", "1"]
+    assert main([*base, "--regex", "[A-Z]{2,6}:\n[a-z ]{1,9}[.!]"]) == 0
+    assert re.fullmatch(r"[A-Z]{2,6}:\n[a-z ]{1,9}[.!]\n", capsys.readouterr().out)
+    assert main([*base, "--choice", "Ay.", "--choice", "No, my lord."]) == 0
+    assert capsys.readouterr().out in ("Ay.\n", "No, my lord.\n")
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "properties": {"age": {"type": "integer"}}}')
+    assert main([*base, "--json-schema", str(schema)]) == 2  # Tiny Shakespeare's vocabulary has no '{'
+    captured = capsys.readouterr()
+    assert "vocabulary cannot write any text the constraint accepts: it lacks the characters '\"'" in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--regex", "a("], r"structured_outputs.regex: the regex is malformed or unsupported \(missing \)"),
+        (["--json-schema", "/nonexistent/schema.json"], "--json-schema: cannot read /nonexistent/schema.json"),
+        (["--grammar", __file__], "structured_outputs.grammar: grammars are not supported"),
+    ],
+)
+def test_bad_constraints_exit_2_with_a_message(tiny_model_dir, capsys, args, message):
+    assert main(["generate", str(tiny_model_dir), "--prompt", "ROMEO:", *args]) == 2
+    captured = capsys.readouterr()
+    assert re.search(message, captured.err) and captured.out == ""
+
+
+def test_two_constraints_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "--regex", "a", "--choice", "b"])
+    assert exc.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
