@@ -113,3 +113,26 @@ def test_generate_with_a_broken_corpus_json_warns_and_generates_as_the_demo_serv
     with caplog.at_level(logging.WARNING, logger="gpt_serve.folders.corpus_record"):
         assert main(["generate", str(folder), "--max-new-tokens", "3", "--seed", "0"]) == 0  # from a newline
     assert "corpus.json: its JSON is nested too deep" in caplog.text and "is ignored" in caplog.text
+
+
+def test_the_model_is_positional_or_given_with_model(tiny_model_dir, capsys):
+    """`gpt-serve generate MODEL` and `--model MODEL` (vLLM's and transformers' spelling) are one argument."""
+    args = ["--prompt", "ROMEO:", "--max-new-tokens", "8", "--seed", "1"]
+    assert main(["generate", str(tiny_model_dir), *args]) == 0
+    positional = capsys.readouterr().out
+    assert main(["generate", "--model", str(tiny_model_dir), *args]) == 0
+    assert capsys.readouterr().out == positional
+    assert main(["generate", "ladder-a", "--model", str(tiny_model_dir), *args]) == 2
+    assert f"two models given: MODEL 'ladder-a' and --model '{tiny_model_dir}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("runs/my-modle", "the model folder 'runs/my-modle' does not exist"),
+        ("shakespear", "unknown model 'shakespear'"),
+    ],
+)
+def test_a_mistyped_folder_is_missing_a_mistyped_name_unknown(capsys, model, message):
+    assert main(["generate", model, "--max-new-tokens", "3"]) == 2
+    assert message in capsys.readouterr().err
