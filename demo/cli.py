@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             server_name=args.host,
             server_port=args.port,
             share=args.share,
+            quiet=not args.share,  # else Gradio's own hint names its launch() argument, not our --share flag
             prevent_thread_lock=True,
             max_threads=max(40, 2 * args.concurrency + 8),
             ssr_mode=False,
@@ -311,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpt_serve.serving.limits import close_slow_headers
 
     close_slow_headers(demo.server, limits.header_timeout)
+    if not args.share:
+        print(f"demo: the page at {demo.local_url} (--share also opens a public *.gradio.live link)")
     drain, missing = mounted["drain"], mounted["missing"]
     if drain is not None:
         print(f"demo: OpenAI-compatible API at http://{args.host}:{args.port}/v1 (completions, chat, models)")

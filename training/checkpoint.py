@@ -15,10 +15,8 @@ from pathlib import Path
 
 import torch
 
-from .outputs import explain_write_error
+from .outputs import BEST_NAME, CHECKPOINT_NAME, explain_write_error  # noqa: F401 (re-exported)
 
-CHECKPOINT_NAME = "checkpoint.pt"
-BEST_NAME = "best.pt"
 FORMAT_VERSION = 2
 REQUIRED_KEYS = ("run", "model", "optimizer", "scheduler", "step", "rank_states")
 

@@ -18,10 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch.distributed as dist
-
-from .presets import PRESET_ALIASES, PRESETS, get_preset
-from .trainer import TrainConfig, Trainer
+from .config import TrainConfig
+from .preflight import prepare
+from .presets import FINETUNE_PRESET, PRESET_ALIASES, PRESETS, get_preset
 
 _TYPES = {"int": int, "float": float, "str": str, "str | None": str}
 DEFAULT_PRESET = "small-cpu"
@@ -49,15 +48,20 @@ def build_parser(prog: str = "python -m training") -> argparse.ArgumentParser:
         description="Train a character-level GPT (the 'Let's build GPT' model).",
         epilog="--model.KEY VALUE overrides an argument of the model config (CharGPTConfig), e.g. --model.n_layer 8.",
     )
-    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"one of: {', '.join(PRESETS)} (default: %(default)s)")
+    p.add_argument(
+        "--preset",
+        default=None,
+        help=f"one of: {', '.join(PRESETS)} (default: {DEFAULT_PRESET}; with --init-from, {FINETUNE_PRESET})",
+    )
     p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
-    default_preset = get_preset(DEFAULT_PRESET)
+    default_preset, finetune = get_preset(DEFAULT_PRESET), get_preset(FINETUNE_PRESET)
     for f in TrainConfig.flag_fields():
         flags = ["--" + f.name.replace("_", "-")] + (["--out"] if f.name == "out_dir" else [])
         help_text = f.metadata.get("help")
         if any(f.name in preset.train for preset in PRESETS.values()):
             value = default_preset.train.get(f.name, f.default)
-            help_text += f" (default: the preset's; {DEFAULT_PRESET}: {value})"
+            tuned = finetune.train.get(f.name, f.default)
+            help_text += f" (default: the preset's; {DEFAULT_PRESET}: {value}, {FINETUNE_PRESET}: {tuned})"
         elif "default" not in help_text:
             help_text += f" (default: {f.default})"
         if f.type in ("bool", "bool | None"):
@@ -91,8 +95,28 @@ def split_model_overrides(argv: list[str]) -> tuple[dict, list[str]]:
     return overrides, rest
 
 
+def choose_preset(name: str | None, init_from: str | None):
+    """The preset of a run: `--preset`, else `small-cpu` from scratch and `finetune` from a model (`--init-from`).
+    A preset that sets an architecture does not go with `--init-from` (the base's is kept), nor one without with a
+    run from scratch."""
+    if name is None:
+        return get_preset(FINETUNE_PRESET if init_from is not None else DEFAULT_PRESET)
+    preset = get_preset(name)
+    if init_from is not None and preset.model:
+        raise ValueError(
+            f"--preset {name} sets an architecture, and --init-from {init_from} keeps the base's: leave --preset out "
+            f"(a run with --init-from uses --preset {FINETUNE_PRESET}) and set the training flags you want"
+        )
+    if init_from is None and not preset.model:
+        raise ValueError(
+            f"--preset {name} fine-tunes a model you have: give it with --init-from NAME|FOLDER (e.g. --init-from "
+            f"shakespeare), or choose a preset that trains from scratch ({DEFAULT_PRESET}, tiny, ladder-a ...)"
+        )
+    return preset
+
+
 def config_from_args(args: argparse.Namespace, model_overrides: dict) -> TrainConfig:
-    preset = get_preset(args.preset)
+    preset = choose_preset(args.preset, args.init_from)
     values = {**preset.train}
     for f in TrainConfig.flag_fields():
         v = getattr(args, f.name, None)
@@ -114,6 +138,8 @@ def program_name(module: str = "training", subcommand: str = "train") -> str:
 
 def invocation(argv: list[str], module: str = "training", subcommand: str = "train") -> str:
     """The command line that is running, for the model card (`torchrun` included when it launched us)."""
+    import torch.distributed as dist
+
     prog = program_name(module, subcommand)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 or dist.is_torchelastic_launched():
@@ -161,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{old:16s} the former name of {new}")
             return 0
         cfg = config_from_args(args, model_overrides)
+        prepared = prepare(cfg)  # flags, folders, the base model and the text: checked before torch is imported
+        from .trainer import Trainer
+
         with logging_redirect_tqdm():
-            result = Trainer(cfg, command=invocation(argv)).fit()
+            result = Trainer(cfg, text=prepared.text, command=invocation(argv)).fit()
     except (ValueError, TypeError, OSError) as e:  # CheckpointError is a ValueError
         return report_error(str(e))
     except KeyboardInterrupt:

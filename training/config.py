@@ -1,14 +1,17 @@
-"""Training options (`TrainConfig`, one command-line flag per field) and the learning-rate schedule."""
+"""Training options (`TrainConfig`, one command-line flag per field) and the learning-rate schedule.
+
+Torch-free: the command line checks its flags with it before torch is imported (an error answers at once).
+"""
 
 from __future__ import annotations
 
-import inspect
+import ast
+import importlib.util
 from dataclasses import dataclass, field, fields
 
-from gpt_serve import CharGPTConfig
 from gpt_serve.generation.backends.threads import available_cpus
 
-from .runtime import PRECISIONS
+PRECISIONS = ("auto", "bf16", "fp32")
 
 # The model config entries a checkpoint must share with the run resuming it (the architecture).
 ARCH_KEYS = (
@@ -49,13 +52,30 @@ OPTIMIZATION_KEYS = (
 )
 
 
+def _config_arguments() -> dict[str, object]:
+    """The keyword arguments of `CharGPTConfig.__init__` and their defaults, read from its source: importing it
+    imports transformers and torch (seconds), and a mistyped `--model.KEY` should be named before that."""
+    path = importlib.util.find_spec("gpt_serve.chargpt.configuration_chargpt").origin
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CharGPTConfig")
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    args = init.args.args[1:]  # without self
+    defaults = [ast.literal_eval(d) for d in init.args.defaults]
+    return dict(zip([a.arg for a in args], [None] * (len(args) - len(defaults)) + defaults))
+
+
+CONFIG_DEFAULTS = _config_arguments()
 # What `model` may set: CharGPTConfig's own arguments, except the vocabulary (its size and hash), which the corpus
 # decides.
-MODEL_KEYS = tuple(
-    k
-    for k in inspect.signature(CharGPTConfig.__init__).parameters
-    if k not in ("self", "kwargs", "vocab_size", "vocab_sha256")
-)
+MODEL_KEYS = tuple(k for k in CONFIG_DEFAULTS if k not in ("vocab_size", "vocab_sha256"))
+# What `model` may set in a run that starts from a model (`init_from`): the rest is the base's architecture.
+FINETUNE_MODEL_KEYS = ("block_size", "dropout")
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a `TrainConfig` field: `max_iters` -> `--max-iters`."""
+    return "--" + name.replace("_", "-")
 
 
 def _opt(default, help: str):
@@ -108,12 +128,18 @@ class TrainConfig:
     report_to: str = _opt(
         "none", "also log the metrics to 'tensorboard' (OUT/tensorboard/) or 'trackio'; comma-separate for both"
     )
+    init_from: str | None = _opt(
+        None,
+        "start from a model you have: a shipped model's name (e.g. shakespeare) or a model folder (a run's, a "
+        "snapshot, an imported checkpoint's); its architecture and weights, its vocabulary extended for new characters",
+    )
     model: dict = field(default_factory=dict)  # CharGPTConfig keyword arguments
 
     def validate(self) -> None:
+        """A ValueError naming the flag of the first option out of range (`--max-iters must be >= 1, got 0`)."""
         for name in ("batch_size", "grad_accum", "max_iters", "eval_interval", "eval_iters"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
         for name in (
             "grad_clip",
             "warmup_iters",
@@ -125,29 +151,41 @@ class TrainConfig:
             "sample_tokens",
         ):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
         cpus = available_cpus()
         if self.threads > cpus:
             raise ValueError(
-                f"threads must be 0 (PyTorch's default) or at most the {cpus} CPUs this process may use, "
+                f"--threads must be 0 (PyTorch's default) or at most the {cpus} CPUs this process may use, "
                 f"got {self.threads}"
             )
         if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+            raise ValueError(f"--learning-rate must be > 0, got {self.learning_rate}")
+        for name, choices in (("precision", PRECISIONS), ("schedule", SCHEDULES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{flag(name)} must be one of {choices}, got {getattr(self, name)!r}")
         if not 0 <= self.snapshots <= MAX_SNAPSHOTS:
             raise ValueError(
-                f"snapshots must be 0 (none) to {MAX_SNAPSHOTS} (each is a full copy of the weights), "
+                f"--snapshots must be 0 (none) to {MAX_SNAPSHOTS} (each is a full copy of the weights), "
                 f"got {self.snapshots}"
             )
         if self.patience and not self.keep_best:
-            raise ValueError("patience (early stopping) needs keep_best, so the best weights are the ones saved")
+            raise ValueError("--patience (early stopping) needs --keep-best, so the best weights are the ones saved")
+        self._validate_model()
+
+    def _validate_model(self) -> None:
         unknown = sorted(set(self.model) - set(MODEL_KEYS))
         if unknown:
-            raise ValueError(f"unknown model config argument(s) {unknown}; CharGPTConfig takes {sorted(MODEL_KEYS)}")
+            raise ValueError(
+                f"unknown model config argument(s) {', '.join('--model.' + k for k in unknown)}; --model.KEY takes "
+                f"CharGPTConfig's arguments: {', '.join(sorted(MODEL_KEYS))}"
+            )
+        fixed = sorted(set(self.model) - set(FINETUNE_MODEL_KEYS))
+        if self.init_from is not None and fixed:
+            raise ValueError(
+                f"{', '.join('--model.' + k for k in fixed)}: a run with --init-from keeps the architecture of its "
+                f"base ({self.init_from}); only {' and '.join('--model.' + k for k in FINETUNE_MODEL_KEYS)} may "
+                f"change (drop the other --model flags, or train from scratch without --init-from)"
+            )
 
     @classmethod
     def flag_fields(cls):

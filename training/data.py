@@ -7,6 +7,8 @@ import torch
 from gpt_serve import CharTokenizer
 from gpt_serve.folders.corpus import TRAIN_FRACTION, train_val_split
 
+from .preflight import check_splits
+
 
 class CharDataset:
     """The corpus as ids, split into the first `train_fraction` (train) and the rest (val), as in the lesson.
@@ -22,11 +24,7 @@ class CharDataset:
         self.splits = {"train": train, "val": val}
         self.block_size = block_size
         self.offsets = torch.arange(block_size + 1)
-        for name, split in self.splits.items():
-            if len(split) <= block_size:
-                raise ValueError(
-                    f"the {name} split has {len(split)} tokens, fewer than block_size + 1 = {block_size + 1}"
-                )
+        check_splits(len(data), block_size, train_fraction=train_fraction)
 
     def to(self, device: torch.device) -> CharDataset:
         """Keeps the ids on `device` (the whole corpus is a few MB), so batches are gathered there."""

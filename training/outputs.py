@@ -28,6 +28,16 @@ from gpt_serve.folders.snapshots import SNAPSHOTS_DIR
 
 from .snapshots import temp_folders
 
+CHECKPOINTS_DIR = "checkpoints"  # in a run's folder: what --resume continues from
+CHECKPOINT_NAME = "checkpoint.pt"
+BEST_NAME = "best.pt"  # with --keep-best: the weights of the best validation loss
+
+
+def checkpoint_file(out: str | os.PathLike, name: str = CHECKPOINT_NAME) -> Path:
+    """`OUT/checkpoints/checkpoint.pt` (or another file of that folder)."""
+    return Path(out) / CHECKPOINTS_DIR / name
+
+
 logger = logging.getLogger(__name__)
 
 SAVE_PREFIX = ".save-"
@@ -57,7 +67,7 @@ def publish_folder(out: Path, write: Callable[[Path], None]) -> None:
 def remove_stale_temp_files(out: Path) -> list[Path]:
     """Removes what an interrupted run left in `out` (its temporary save folders and files); returns them."""
     stale = [p for p in out.glob(SAVE_PREFIX + "*") if p.is_dir()]
-    stale += list((out / "checkpoints").glob(".*.tmp"))
+    stale += list((out / CHECKPOINTS_DIR).glob(".*.tmp"))
     stale += [path for path in (temp_path(out / name) for name in RENAMED_OUTPUTS) if path.exists()]
     stale += temp_folders(out)
     for path in stale:
@@ -73,7 +83,7 @@ def refuse_links(out: Path) -> None:
     """A ValueError naming the first symbolic link among what a run writes: `out` itself, an entry of it,
     `checkpoints/`, `snapshots/` or an entry of either. A run writes regular files into folders it made; a link's
     target may be anywhere."""
-    for folder in (out, out / "checkpoints", out / SNAPSHOTS_DIR):
+    for folder in (out, out / CHECKPOINTS_DIR, out / SNAPSHOTS_DIR):
         refuse_link(folder)
         if folder.is_dir():
             for path in sorted(folder.iterdir()):

@@ -11,6 +11,9 @@ command-line flags override both (`python -m training --preset ladder-d --max-it
 - `ladder-f`: the lesson's scaled-up model (10.8M parameters, block 256); GPU work.
 - `small-cpu`: the architecture of the shipped default model, sized for a CPU run of about an hour on any text
   (named for its size and device, not a corpus; `shakespeare-cpu`, its former name, still works).
+- `finetune`: training options only, for a run that starts from a model you have (`--init-from`, which gives the
+  architecture): the default there. Sized for about 5 minutes on 2 CPU cores from the shipped model (docs/training.md,
+  "Fine-tuning", says why each value).
 - `tiny`: a smoke test that trains in seconds.
 
 `python -m training --list-presets` prints them; `python -m training.ladder` trains the ladder.
@@ -26,6 +29,23 @@ from gpt_serve.models import LADDER
 # default init (the lesson's normal(0, 0.02) init came later; with it stage D stalls near 2.25).
 _LADDER_MODEL = dict(block_size=8, n_embd=32, dropout=0.0, init="pytorch")
 _LADDER_TRAIN = dict(batch_size=32, learning_rate=1e-3, max_iters=5000, eval_interval=500, eval_iters=200)
+
+
+FINETUNE_PRESET = "finetune"  # the default preset of a run with --init-from
+# The shipped default model's training (preset small-cpu); fine-tuning keeps part of it.
+_SMALL_CPU_TRAIN = dict(
+    batch_size=32,
+    learning_rate=2e-3,
+    min_lr=1e-4,
+    schedule="cosine",
+    warmup_iters=200,
+    max_iters=5000,
+    eval_interval=500,
+    eval_iters=80,
+    grad_clip=1.0,
+    weight_decay=0.1,
+    keep_best=True,
+)
 
 
 @dataclass(frozen=True)
@@ -116,18 +136,24 @@ PRESETS: dict[str, Preset] = {
             "with a longer context than the lesson's CPU config and warmup + cosine decay.",
             "CPU-sized default model",
             dict(block_size=128, n_embd=192, n_head=6, n_layer=4, dropout=0.1, init="normal"),
+            dict(_SMALL_CPU_TRAIN),
+            None,
+        ),
+        Preset(
+            FINETUNE_PRESET,
+            "Fine-tune a model you have (--init-from, the default there): its architecture, a lower learning rate "
+            "with a short warmup, 600 steps (about 5 minutes on 2 CPU cores from shakespeare), the best weights kept.",
+            "fine-tuning a model you have",
+            {},
+            # small-cpu's batch, weight decay, clipping and best-weights choice; a lower rate, a shorter run
             dict(
-                batch_size=32,
-                learning_rate=2e-3,
-                min_lr=1e-4,
-                schedule="cosine",
-                warmup_iters=200,
-                max_iters=5000,
-                eval_interval=500,
-                eval_iters=80,
-                grad_clip=1.0,
-                weight_decay=0.1,
-                keep_best=True,
+                _SMALL_CPU_TRAIN,
+                learning_rate=5e-4,
+                min_lr=5e-5,
+                warmup_iters=50,
+                max_iters=600,
+                eval_interval=100,
+                eval_iters=40,
             ),
             None,
         ),

@@ -30,6 +30,13 @@ def progress_bar(initial: int, total: int, disable: bool = False):
     return tqdm(initial=initial, total=total, disable=disable, unit="step", dynamic_ncols=True)
 
 
+def time_left(step: int, max_iters: int, eval_interval: int, step_seconds: float, eval_seconds: float) -> float:
+    """Seconds a run at `step` has left: its steps at `step_seconds` each, and its evaluations (every
+    `eval_interval` steps and at the last, with their checkpoints and snapshots) at `eval_seconds` each."""
+    evals = max_iters // eval_interval - step // eval_interval + (1 if max_iters % eval_interval else 0)
+    return (max_iters - step) * step_seconds + evals * eval_seconds
+
+
 # -- metrics.jsonl: one JSON object per evaluation -----------------------------------------------------------
 
 
@@ -162,7 +169,8 @@ def hardware(rt: Runtime) -> str:
     if rt.device.type == "cuda":
         what = f"{torch.cuda.get_device_name(rt.device)} (CUDA {torch.version.cuda}, {rt.precision})"
     else:
-        what = f"{cpu_name()} CPU ({os.cpu_count()} cores), PyTorch threads: {torch.get_num_threads()}, {rt.precision}"
+        threads = rt.threads or torch.get_num_threads()
+        what = f"{cpu_name()} CPU ({os.cpu_count()} cores), PyTorch threads: {threads}, {rt.precision}"
     procs = f"{rt.world_size} DDP process{'es' if rt.world_size > 1 else ''} x " if rt.ddp else ""
     return f"{procs}{what}; torch {torch.__version__}"
 
@@ -178,7 +186,11 @@ def generate_sample(model, tokenizer, n_tokens: int, seed: int = 0) -> str:
 
     if n_tokens <= 0:
         return ""
-    return generate_text(TorchBackend(model), tokenizer.vocab, "", n_tokens, seed=seed)  # temperature 1
+    threads = torch.get_num_threads()  # the backend's thread tuner may change the count while it decodes
+    try:
+        return generate_text(TorchBackend(model), tokenizer.vocab, "", n_tokens, seed=seed)  # temperature 1
+    finally:
+        torch.set_num_threads(threads)
 
 
 TINY_SHAKESPEARE_HUB_ID = "karpathy/tiny_shakespeare"
@@ -194,9 +206,11 @@ def card_name(corpus: CorpusRecord) -> str:
     return corpus.name if hub_id(corpus) else f"{corpus.name} (sha256 {corpus.sha256})"
 
 
-def card_data(name: str, val: float, train: float, corpus: CorpusRecord) -> ModelCardData:
-    """The model card's metadata (the YAML the Hub reads): license, task, library, dataset, the losses, and the
-    corpus's sample prompts as the Hub's widget examples."""
+def card_data(
+    name: str, val: float, train: float, corpus: CorpusRecord, base_model: str | None = None
+) -> ModelCardData:
+    """The model card's metadata (the YAML the Hub reads): license, task, library, dataset, the losses, the model it
+    was fine-tuned from (`base_model`), and the corpus's sample prompts as the Hub's widget examples."""
     dataset_id = hub_id(corpus)
     split = "first 90% train, last 10% validation"
     dataset = {"dataset_type": dataset_id or "text", "dataset_name": f"{card_name(corpus)} ({split})"}
@@ -218,6 +232,7 @@ def card_data(name: str, val: float, train: float, corpus: CorpusRecord) -> Mode
     ]
     return ModelCardData(
         model_name=name,
+        base_model=base_model,
         license="mit",
         language=["en"] if dataset_id else None,  # other corpora: the author knows their language
         library_name="transformers",
@@ -259,6 +274,37 @@ gpt-serve generate PATH --max-new-tokens 200  # the prompt: {prompt}
 """
 
 
+def base_model_name(trainer) -> str | None:
+    """What the card's `base_model` says: the name of the model the run started from (`--init-from`), if any."""
+    base = trainer.prepared.base
+    return base.name if base is not None else None
+
+
+def trained(trainer) -> str:
+    """'trained with gpt-serve', or 'fine-tuned with gpt-serve from `BASE`'."""
+    name = base_model_name(trainer)
+    return f"fine-tuned with gpt-serve from `{escape(name)}`" if name else "trained with gpt-serve"
+
+
+def base_rows(trainer) -> str:
+    """The card's table rows about the base model (none for a run from scratch): its name, and its losses on this
+    text before fine-tuning (the run's step-0 evaluation)."""
+    base = trainer.prepared.base
+    if base is None:
+        return ""
+    where = "a model shipped with gpt-serve" if base.shipped else "a model folder"
+    added = trainer.prepared.new_chars
+    vocab = f"{len(added)} new character{'s' if len(added) != 1 else ''} added" if added else "its vocabulary"
+    rows = f"| base model | `{escape(base.name)}` ({where}; {vocab}) |\n"
+    start = next((m for m in trainer.history if m["step"] == 0), None)
+    if start is not None:
+        rows += (
+            f"| base model on this text | validation loss {start['val_loss']:.4f}, train loss "
+            f"{start['train_loss']:.4f} (before fine-tuning: step 0) |\n"
+        )
+    return rows
+
+
 def write_snapshot_card(trainer, record: StepRecord, folder: str | os.PathLike) -> None:
     """README.md of a snapshot (`--snapshots`): which run and step it is, its losses, the training text and how to
     use it. No sample: the model is mid-run (in training mode, its RNG the run's), and nothing may change what the
@@ -278,7 +324,7 @@ metrics are in the run's folder.
 |---|---|
 | validation loss | **{record.val_loss:.4f}** (step {record.step}; mean of {cfg.eval_iters} random batches) |
 | train loss | {record.train_loss:.4f} |
-
+{base_rows(trainer)}
 Command:
 
 ```
@@ -286,7 +332,8 @@ Command:
 ```
 
 {use_section(trainer.corpus)}"""
-    save_card(Path(folder), card_data(name, record.val_loss, record.train_loss, trainer.corpus), body)
+    data = card_data(name, record.val_loss, record.train_loss, trainer.corpus, base_model_name(trainer))
+    save_card(Path(folder), data, body)
 
 
 def write_model_card(trainer, result: dict, folder: str | os.PathLike | None = None) -> None:
@@ -308,14 +355,14 @@ def write_model_card(trainer, result: dict, folder: str | os.PathLike | None = N
     body = f"""
 # {name}
 
-A character-level GPT from the "Let's build GPT" lesson, trained with gpt-serve on {escape(card_name(trainer.corpus))}:
+A character-level GPT from the "Let's build GPT" lesson, {trained(trainer)} on {escape(card_name(trainer.corpus))}:
 {escape(trainer.corpus.description)} ({result["parameters"]:,} parameters).
 
 | | |
 |---|---|
 | validation loss | **{val:.4f}** (step {result["step"]}, the {chosen}; mean of {cfg.eval_iters} random batches) |
 | train loss | {train:.4f} |
-| steps | {steps} |
+{base_rows(trainer)}| steps | {steps} |
 | wall time | {wall} |
 | hardware | {hardware(trainer.rt)} |
 
@@ -338,4 +385,5 @@ Training: `{train_opts}`
 
 ![loss curve](loss.png)
 """
-    save_card(Path(folder if folder is not None else cfg.out_dir), card_data(name, val, train, trainer.corpus), body)
+    data = card_data(name, val, train, trainer.corpus, base_model_name(trainer))
+    save_card(Path(folder if folder is not None else cfg.out_dir), data, body)

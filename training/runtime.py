@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-logger = logging.getLogger(__name__)
+from .config import PRECISIONS
 
-PRECISIONS = ("auto", "bf16", "fp32")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -32,6 +32,7 @@ class Runtime:
     autocast_dtype: torch.dtype | None = None  # None: plain fp32
     ddp: bool = False  # part of a torchrun job (in a process group), even one of a single process
     owns_process_group: bool = False  # this Runtime initialized the process group and must destroy it
+    threads: int = 0  # PyTorch's intra-op threads for training, as set up (generation may change the count later)
 
     @property
     def is_main(self) -> bool:
@@ -144,4 +145,4 @@ def setup_runtime(device: str = "auto", threads: int = 0, precision: str = "auto
         dist.init_process_group(backend=backend, device_id=dev if dev.type == "cuda" else None)
         owns = True
         logger.debug("rank %d/%d joined the %s process group", rank, world_size, backend)
-    return Runtime(dev, rank, world_size, local_rank, autocast_dtype, ddp, owns)
+    return Runtime(dev, rank, world_size, local_rank, autocast_dtype, ddp, owns, torch.get_num_threads())

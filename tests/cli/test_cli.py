@@ -48,7 +48,11 @@ CASES = {  # command: (packages not installed, the start of its one line)
     "generate ladder-a --backend onnx": ("onnxruntime", "gpt-serve generate: the onnx backend needs the 'onnx' extra"),
     "import ckpt.pt out": ("torch,transformers", "gpt-serve import needs PyTorch and transformers, "),
     "copy ladder-a out": ("torch,transformers", "gpt-serve copy needs PyTorch and transformers, "),
-    "train --help": ("torch", "gpt-serve train needs the 'train' extra (cannot import torch): "),
+    # (its flags are checked without torch: `train --help` answers, and the import fails once a run would start)
+    "train --preset tiny --data README.md --out runs/never-written": (
+        "torch",
+        "gpt-serve train needs the 'train' extra (cannot import torch): ",
+    ),
     "ladder --help": ("torch", "gpt-serve ladder needs the 'train' extra (cannot import torch): "),
     "export --help": ("onnx,onnxscript", "gpt-serve export needs the 'export' extra (cannot import onnx): "),
     "demo --backend onnx-int8": ("gradio,torch", "gpt-serve demo needs the 'demo' extra (cannot import gradio): "),

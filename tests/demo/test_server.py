@@ -194,6 +194,7 @@ def test_cli_starts_quickly_and_serves(models_root, tmp_path):
         text = log.read_text()
         assert "demo: ready" in text, text
         assert f"http://127.0.0.1:{port}" in text and "tiny/torch loaded and warmed up" in text
+        assert "share=True" not in text and "(--share also opens a public *.gradio.live link)" in text  # our flag
         result = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
             prompt="ROMEO:", max_new_tokens=12, api_name="/generate"
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 SMALL_CHARS = 60_000  # enough for both splits of a block-16 model, small enough to encode instantly
@@ -63,3 +65,24 @@ def make_config(small_data_path):
 def make_args(small_data_path):
     """`make_args(out_dir, *extra)`: the same as `python -m training` arguments."""
     return lambda out_dir, *extra: tiny_args(out_dir, small_data_path, *extra)
+
+
+@contextlib.contextmanager
+def crash_at(step: int):
+    """Inside the block, a run raises `RuntimeError("simulated crash")` when it is about to train step `step + 1`, as a
+    killed run would stop; the test expects it (`pytest.raises`) and the trainer trains normally again after it."""
+    from training.trainer import Trainer
+
+    real_step = Trainer.train_step
+
+    def crashing_step(self):
+        if self.step == step:
+            raise RuntimeError("simulated crash")
+        return real_step(self)
+
+    Trainer.train_step = crashing_step
+    try:
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            yield
+    finally:
+        Trainer.train_step = real_step

@@ -13,6 +13,8 @@ from training.cli import main
 from training.report import read_metrics
 from training.trainer import Trainer
 
+from .conftest import crash_at
+
 
 def _weights(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -28,23 +30,14 @@ def test_checkpoint_holds_everything_a_resume_needs(tmp_path, make_config):
     assert state["run"]["model_config"]["n_layer"] == 2 and state["run"]["world_size"] == 1
 
 
-def test_resume_in_process_repeats_the_uninterrupted_run(tmp_path, make_config, monkeypatch):
+def test_resume_in_process_repeats_the_uninterrupted_run(tmp_path, make_config):
     """A run that crashes after step 13 (last checkpoint at 12) and is resumed ends where the full run ends."""
     settings = dict(max_iters=24, eval_interval=8, checkpoint_interval=4, sample_tokens=0, model={"dropout": 0.1})
     full = Trainer(make_config(tmp_path / "full", **settings))
     full.fit()
 
-    real_step = Trainer.train_step
-
-    def crashing_step(self):
-        if self.step == 13:
-            raise RuntimeError("simulated crash")
-        return real_step(self)
-
-    monkeypatch.setattr(Trainer, "train_step", crashing_step)
-    with pytest.raises(RuntimeError, match="simulated crash"):
+    with crash_at(13):
         Trainer(make_config(tmp_path / "part", **settings)).fit()
-    monkeypatch.setattr(Trainer, "train_step", real_step)
     assert read_checkpoint(tmp_path / "part" / "checkpoints" / "checkpoint.pt")["step"] == 12
     resumed = Trainer(make_config(tmp_path / "part", resume=True, **settings))
     resumed.fit()
@@ -97,7 +90,7 @@ def test_an_incompatible_checkpoint_names_the_difference(tmp_path, make_args, ca
 
 def test_resume_without_a_checkpoint_and_restart_over_one_are_refused(tmp_path, make_args, capsys):
     assert main(make_args(tmp_path / "none", "--resume")) == 2
-    assert "no checkpoint to resume from" in capsys.readouterr().err
+    assert "--resume: no checkpoint to continue at" in capsys.readouterr().err
     assert main(make_args(tmp_path / "run", "--max-iters", "10", "--eval-interval", "5")) == 0
     capsys.readouterr()
     assert main(make_args(tmp_path / "run", "--max-iters", "10", "--eval-interval", "5")) == 2

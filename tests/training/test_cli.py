@@ -152,3 +152,16 @@ def test_no_progress_prints_no_bar_at_all(tmp_path, make_args, capfd):
     assert main([*make_args(tmp_path / "out"), "--max-iters", "2", "--eval-interval", "2", "--no-progress"]) == 0
     out, err = capfd.readouterr()
     assert '"final_step": 2' in out and "Writing model shards" not in out + err and "it/s" not in out + err
+
+
+def test_snapshots_print_no_bar_inside_the_training_bar(tmp_path, make_args, capfd):
+    """With the bars on, transformers' "Writing model shards" bar comes once, for the final folder, after the
+    training's bar has closed: never for a snapshot written while the training's bar is on the screen."""
+    args = [*make_args(tmp_path / "out"), "--max-iters", "4", "--eval-interval", "1", "--snapshots", "2"]
+    assert main([*args, "--progress"]) == 0
+    out, err = capfd.readouterr()
+    assert len(list((tmp_path / "out" / "snapshots").iterdir())) == 2
+    bars = (out + err).count("Writing model shards: 100%")
+    assert bars <= 1  # transformers may skip its bar for a folder this small
+    if bars:
+        assert err.index("Writing model shards") > err.rindex("step/s")

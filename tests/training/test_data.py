@@ -81,7 +81,8 @@ def test_tiled_windows_cover_the_split_without_overlap(full_ds):
 
 def test_a_split_shorter_than_a_window_is_refused():
     text = "abcdefghij" * 5
-    with pytest.raises(ValueError, match="val split has 5 tokens"):
+    message = r"the val split \(the last 10% of the text\) has 5 characters, fewer than block_size \+ 1 = 9 .*"
+    with pytest.raises(ValueError, match=message + r"lower --model.block_size \(at most 4 for this text\)"):
         CharDataset(text, CharTokenizer.from_corpus(text), block_size=8)
 
 

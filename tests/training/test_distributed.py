@@ -73,3 +73,20 @@ def test_a_failing_torchrun_worker_prints_one_error_line_that_torchrun_repeats(t
     assert lines.index(message) < lines.index("Traceback (most recent call last):")  # torchrun's own, then
     root_cause = proc.stderr.split("Root Cause (first observed failure):")[1]
     assert f"traceback : {message}" in root_cause and "To enable traceback" not in proc.stderr
+
+
+@pytest.mark.distributed
+def test_torchrun_fine_tunes_a_model_the_same_on_both_ranks(tmp_path, small_data_path):
+    """`--init-from` under DDP: both ranks start from the same extended weights (DDP checks that the parameters'
+    shapes agree), and rank 0 writes the card naming the base."""
+    text = tmp_path / "new.txt"
+    text.write_text(small_data_path.read_text(encoding="utf-8")[:20_000] + "é§\n", encoding="utf-8")
+    out = tmp_path / "ddp"
+    args = ["--init-from", "ladder-a", "--data", str(text), "--out", str(out), "--max-iters", "4"]
+    args += ["--eval-interval", "2", "--eval-iters", "2", "--batch-size", "4", "--threads", "1", "--no-progress"]
+    proc = _torchrun([*args, "--sample-tokens", "10"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("ladder-a lacks 2 characters of the text") == 1  # rank 0 logs it
+    card = (out / "README.md").read_text()
+    assert "base_model: ladder-a" in card and "2 DDP processes" in card
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 67

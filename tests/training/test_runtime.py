@@ -54,7 +54,7 @@ def test_precision():
     assert resolve_precision("bf16", CPU) == torch.bfloat16 and resolve_precision("fp32", CUDA) is None
     with pytest.raises(ValueError, match=r"precision must be one of \('auto', 'bf16', 'fp32'\), got 'fp16'"):
         resolve_precision("fp16", CPU)
-    with pytest.raises(ValueError, match="precision must be one of"):
+    with pytest.raises(ValueError, match="--precision must be one of"):
         TrainConfig(precision="fp16").validate()
 
 

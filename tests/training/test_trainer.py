@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
 
-from training.report import read_metrics
+from gpt_serve.generation.backends.threads import available_cpus
+from training.report import read_metrics, time_left
 from training.trainer import TrainConfig, Trainer, make_scheduler
 
 
@@ -217,11 +219,12 @@ def test_asking_for_cuda_without_it_is_a_clear_error(tmp_path, make_config):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"batch_size": 0}, "batch_size must be >= 1"),
-        ({"schedule": "linear"}, "schedule must be one of"),
-        ({"learning_rate": 0.0}, "learning_rate must be > 0"),
-        ({"patience": 3}, "patience .* needs keep_best"),
-        ({"model": {"n_layers": 2}}, r"unknown model config argument\(s\) \['n_layers'\]"),
+        ({"batch_size": 0}, "--batch-size must be >= 1, got 0"),
+        ({"max_iters": 0}, "--max-iters must be >= 1, got 0"),
+        ({"schedule": "linear"}, "--schedule must be one of"),
+        ({"learning_rate": 0.0}, "--learning-rate must be > 0"),
+        ({"patience": 3}, "--patience .* needs --keep-best"),
+        ({"model": {"n_layers": 2}}, r"unknown model config argument\(s\) --model.n_layers; --model.KEY takes"),
     ],
 )
 def test_bad_settings_are_refused_by_name(tmp_path, make_config, overrides, message):
@@ -239,3 +242,39 @@ def test_lr_is_logged_and_follows_the_schedule(tmp_path, make_config):
     lrs = [m["lr"] for m in read_metrics(tmp_path)]
     assert lrs[0] == 0.0 and lrs[-1] == pytest.approx(3e-4)  # transformers' warmup starts from 0
     assert not math.isclose(lrs[1], 3e-3)
+
+
+@pytest.mark.skipif(available_cpus() < 2, reason="needs 2 CPUs to tell 2 threads from 1")
+def test_the_cards_hardware_line_names_the_threads_asked_for(tmp_path, make_config, monkeypatch):
+    """The sample's decoding may drop PyTorch to one thread (the backend's thread tuner, after a stall on a busy
+    machine): the card still names the count the run trained with, and the count is back afterwards."""
+    import gpt_serve.generation
+
+    def stalled_sample(*args, **kwargs):
+        torch.set_num_threads(1)
+        return "x"
+
+    monkeypatch.setattr(gpt_serve.generation, "generate_text", stalled_sample)
+    old = torch.get_num_threads()
+    try:
+        Trainer(make_config(tmp_path, threads=2, max_iters=2, eval_interval=2)).fit()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(old)
+    assert "PyTorch threads: 2, fp32" in (tmp_path / "README.md").read_text()
+
+
+def test_the_run_says_how_long_it_has_left(tmp_path, make_config, caplog):
+    caplog.set_level("INFO", logger="training.trainer")
+    Trainer(make_config(tmp_path, max_iters=45, eval_interval=15, sample_tokens=0)).fit()
+    lines = [r.getMessage() for r in caplog.records]
+    early = [line for line in lines if line.startswith("step 20 of 45: about ")]
+    assert len(early) == 1 and re.search(r"left \(\d+\.\d\d s a step, \d+\.\d s an evaluation\)$", early[0])
+    evals = [line for line in lines if line.startswith("step ") and "val loss" in line]
+    assert [("left (" in line) for line in evals] == [False, True, True, False]  # not at step 0 nor at the end
+
+
+def test_time_left_counts_steps_and_evaluations():
+    assert time_left(0, 100, 10, 0.5, 2.0) == 100 * 0.5 + 10 * 2.0
+    assert time_left(95, 100, 10, 0.5, 2.0) == 5 * 0.5 + 1 * 2.0
+    assert time_left(20, 25, 10, 1.0, 3.0) == 5 + 3.0  # the last step is evaluated, though not a multiple of 10
