@@ -28,6 +28,7 @@ use it.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import stat
@@ -47,6 +48,21 @@ _KINDS = {
 def kind(mode: int) -> str:
     """What a file of `mode` (from `os.stat`) is, in words: "a FIFO (named pipe)", "a folder", ..."""
     return next((name for test, name in _KINDS.items() if test(mode)), "not a regular file")
+
+
+def read_json_object(path: str | os.PathLike) -> dict | None:
+    """The JSON object in the file at `path`, None when there is no file; a ValueError naming the file when it is
+    not a regular file, unreadable, not JSON, or not an object."""
+    path = check_regular(path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        raise ValueError(f"cannot read {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got a {type(data).__name__}")
+    return data
 
 
 def check_regular(path: str | os.PathLike) -> Path:

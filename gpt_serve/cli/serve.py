@@ -13,7 +13,15 @@ from ..generation import BACKENDS
 from ..generation.fields import DEFAULT_BACKEND, MAX_NEW_TOKENS
 from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
 from . import server_flags
-from .flags import add_verbose_and_progress, max_tokens_limit, positive_float, positive_int, tcp_port, thread_count
+from .flags import (
+    add_generation_config_argument,
+    add_verbose_and_progress,
+    max_tokens_limit,
+    positive_float,
+    positive_int,
+    tcp_port,
+    thread_count,
+)
 
 PORT_HINT = "another server holds the port? choose another with --port N"  # `gpt-serve serve`, with or without Ray
 
@@ -32,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     server_flags.check_port_free(args.host, args.port, PORT_HINT)
     registry = ModelRegistry.discover(
         args.model_dir, args.models_root, expected=(), threads=args.threads, max_batch=args.max_batch,
-        max_queue=args.max_queue,
+        max_queue=args.max_queue, generation_config=args.generation_config,
     )  # fmt: skip
     if not registry.available:
         raise ValueError(f"no model folder found under {args.models_root} or in --model-dir")
@@ -86,6 +94,7 @@ def _ray_options(args: argparse.Namespace):
         max_batch=args.max_batch,
         max_queue=args.max_queue,
         max_tokens_limit=args.max_tokens_limit,
+        generation_config=args.generation_config,
         max_body_bytes=limits.max_body_bytes,
         body_timeout=limits.body_timeout,
         preload=not args.no_preload,
@@ -117,6 +126,7 @@ def add_parser(sub) -> None:
         default=MAX_NEW_TOKENS,
         help=f"the largest max_tokens accepted (at most {MAX_NEW_TOKENS})",
     )
+    add_generation_config_argument(s)
     _add_logging_arguments(s)
     add_verbose_and_progress(s)
     server_flags.add_api_arguments(s)

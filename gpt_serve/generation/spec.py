@@ -139,9 +139,13 @@ def offset_seed(seed: int, index: int) -> int:
     return (seed + index) % (MAX_SEED + 1)
 
 
-def parse_request(values: Mapping[str, Any], max_new_tokens_limit: int | None = None) -> GenerationRequest:
+def parse_request(
+    values: Mapping[str, Any], max_new_tokens_limit: int | None = None, defaults: Mapping[str, Any] | None = None
+) -> GenerationRequest:
     """Checks what a user sent (field names or their aliases, see `FIELDS`); RequestError naming the first bad or
-    unknown field otherwise. `max_new_tokens_limit` is a server's lower limit. Loads nothing."""
+    unknown field otherwise. `max_new_tokens_limit` is a server's lower limit; `defaults` (checked values, a model
+    folder's: `folder_defaults.read_generation_defaults`) replace the specification's for fields not sent (None is
+    not sent); a default `max_new_tokens` over the limit is lowered to it. Loads nothing."""
     if not isinstance(values, Mapping):
         raise RequestError(f"a request must be a mapping of field names to values, got {type(values).__name__}")
     given: dict[str, Any] = {}
@@ -154,6 +158,9 @@ def parse_request(values: Mapping[str, Any], max_new_tokens_limit: int | None = 
             raise RequestError(f"{sent_as[name]} and {key} are the same field: give one of them", name)
         given[name], sent_as[name] = value, key
     seed = given.pop("seed", None)
+    for name, value in (defaults or {}).items():
+        if given.get(name) is None:
+            given[name] = min(value, max_new_tokens_limit or value) if name == "max_new_tokens" else value
     checked = {
         f.name: check_value(f.name, given.get(f.name), max_new_tokens_limit if f.name == "max_new_tokens" else None)
         for f in FIELDS
