@@ -22,6 +22,7 @@ import sys
 import time
 
 from gpt_serve.cli.flags import (
+    add_generation_config_argument,
     add_progress_argument,
     max_tokens_limit,
     non_negative_float,
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_BATCH,
         help=f"generations running at once, batched per model and backend (default {DEFAULT_MAX_BATCH})",
     )
+    add_generation_config_argument(p)
     p.add_argument(
         "--max-new-tokens-limit",
         type=max_tokens_limit,
@@ -232,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         registry = ModelRegistry.discover(
-            args.model_dir, args.models_root, threads=args.threads, max_batch=args.concurrency
-        )
+            args.model_dir, args.models_root, threads=args.threads, max_batch=args.concurrency,
+            generation_config=args.generation_config,
+        )  # fmt: skip
         default_model = registry.default_model(args.model)
     except ValueError as e:
         print(f"demo: error: {e}", file=sys.stderr)
