@@ -10,8 +10,8 @@ from pathlib import Path
 
 MESSAGES = [
     {"role": "system", "content": "A street in Verona."},
-    {"role": "user", "content": "Wherefore art thou?\n\nSpeak."},
-]
+    {"role": "user", "content": "Wherefore art thou?"},
+]  # the shipped model's greedy reply ends within TOKENS: "What said is the sea?", then the blank line
 TOKENS = 60
 
 SCRIPT = """
@@ -36,8 +36,9 @@ def result(stdout: str) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
-def our_chat(folder: Path) -> tuple[str, str]:
-    """(the prompt, the greedy reply) of gpt-serve's server for `MESSAGES` on the model in `folder`."""
+def our_chat(folder: Path) -> tuple[str, str, str]:
+    """(the prompt, the greedy reply, its finish_reason) of gpt-serve's server for `MESSAGES` on the model in
+    `folder`."""
     from fastapi.testclient import TestClient
 
     from gpt_serve.chargpt.chat_format import PLAY, render
@@ -48,4 +49,10 @@ def our_chat(folder: Path) -> tuple[str, str]:
     body = {"model": "m", "messages": MESSAGES, "max_tokens": TOKENS, "temperature": 0}
     answer = TestClient(create_app(registry)).post("/v1/chat/completions", json=body).json()
     registry.close()
-    return render(MESSAGES, None, PLAY), answer["choices"][0]["message"]["content"]
+    (choice,) = answer["choices"]
+    return render(MESSAGES, None, PLAY), choice["message"]["content"], choice["finish_reason"]
+
+
+def with_stop(reply: str, finish_reason: str) -> str:
+    """Our reply as transformers gives it: with the stop string it ended at (transformers keeps it)."""
+    return reply + "\n\n" if finish_reason == "stop" else reply
