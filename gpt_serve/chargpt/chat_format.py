@@ -94,12 +94,21 @@ PLAIN = ChatFormat("User", "Assistant", None, upper_names=False)
 _NAME_RULE = f"a speaker's name is 1-{MAX_NAME} letters, digits, spaces, _ ' . or -, starting with a letter"
 
 
+_HEADING = re.compile(r"^([A-Z][A-Za-z' ]{0,40}):\n(?=\S)", re.M)  # a speaker's heading, its speech after it
+PLAY_SPEAKERS = 3  # distinct speakers' headings that make a text a play
+
+
 def format_for_text(text: str, chars=None) -> ChatFormat | None:
-    """The format that fits a training text: the play's where ROMEO and JULIET speak in it, else `User`/`Assistant`
-    (or their upper or lower case) in the first spelling its characters (`chars`, default the text's) can write;
-    None when none can (the folder then has no chat template)."""
+    """The format that fits a training text: the play's where it reads as one (speeches under `NAME:` headings, of at
+    least `PLAY_SPEAKERS` speakers), else `User`/`Assistant` (or their upper or lower case) in the first spelling its
+    characters (`chars`, default the text's) can write; None when none can (the folder then has no chat template)."""
     chars = set(text) if chars is None else set(chars)
-    if "ROMEO:\n" in text and "JULIET:\n" in text and not PLAY.missing(chars):
+    speakers_seen = set()
+    for match in _HEADING.finditer(text):
+        speakers_seen.add(match.group(1))
+        if len(speakers_seen) >= PLAY_SPEAKERS:
+            break
+    if len(speakers_seen) >= PLAY_SPEAKERS and not PLAY.missing(chars):
         return PLAY
     for fmt in (PLAIN, ChatFormat("USER", "ASSISTANT"), ChatFormat("user", "assistant", None, False)):
         if not fmt.missing(chars):

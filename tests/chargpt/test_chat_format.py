@@ -118,7 +118,8 @@ def test_a_format_must_be_writable_in_the_vocabulary():
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("ROMEO:\nHi.\n\nJULIET:\nHo.\n", PLAY),
+        ("ROMEO:\nHi.\n\nJULIET:\nHo.\n\nFirst Citizen:\nPeace!\n", PLAY),
+        ("ROMEO:\nHi.\n\nJULIET:\nHo. Users and Assistants.\n", PLAIN),  # two speakers are not yet a play
         ("Call me Ishmael. Users and Assistants.", PLAIN),
         ("USER ASSISTANT", ChatFormat("USER", "ASSISTANT")),
         ("def f(user, assistant):\n    return user\n", ChatFormat("user", "assistant", None, False)),
