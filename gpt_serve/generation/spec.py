@@ -13,7 +13,8 @@ format. Why each limit is what it is:
 
 - `max_new_tokens` (OpenAI's `max_tokens`) in [1, 100,000]: ten times the lesson's longest generation (10,000
   characters into `more.txt`), a few minutes of one stream on a CPU, so no request runs for hours; a server may
-  lower it (`max_new_tokens_limit`). Default 256 (OpenAI's legacy 16 is a word here).
+  lower it (`max_new_tokens_limit`). Default 256 (OpenAI's legacy 16 is a word here); a served model's folder sets
+  its own defaults of the sampling fields and this one (`folder_defaults`, `parse_request(..., defaults=...)`).
 - `temperature` in [0, 2], `top_p` in (0, 1], `presence_penalty` and `frequency_penalty` in [-2, 2]: the OpenAI
   wire format's ranges; temperature 0 is greedy, and so is any below `sampling.GREEDY_BELOW` (1e-5: dividing by
   5e-324 would make NaN). The penalties count the generated text only, as OpenAI's do.
