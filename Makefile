@@ -1,6 +1,7 @@
 # gpt-serve: `make demo` launches the demo on the shipped model; `make test` runs the test suite.
 # Both create .venv and install everything (torch pinned by constraints.txt) on first use, and onnxruntime-web for
-# the in-browser page (`npm ci` in demo/web, pinned by its package-lock.json). `make vllm` creates .venv-vllm, vLLM's
+# the in-browser page with the official `openai` JS SDK that a browser test runs (a devDependency: `npm ci` in
+# demo/web, pinned by its package-lock.json). `make vllm` creates .venv-vllm, vLLM's
 # CPU build in a venv of its own (constraints-vllm.txt); `make test` does too where vLLM can be installed.
 
 PYTHON ?= python3

@@ -4,7 +4,7 @@
     python benchmarks/int8_formats.py --threads 2 --model lesson  # the lesson's 10.8M model (random weights)
     python benchmarks/int8_formats.py --model ladder-d --tokens 100
 
-The export's int8 file (`export.onnx_export.quantize_int8`) is weight-only: int8 weights with one scale per output
+The export's int8 file (`export.graph_rewrites.quantize_int8`) is weight-only: int8 weights with one scale per output
 column, dequantized by a `DequantizeLinear` that ONNX Runtime folds into fp32 weights at load, so the arithmetic is
 fp32's. This script compares it with ONNX Runtime's dynamic quantization (int8 weights, activations quantized on the
 fly with one scale per tensor: a scale computed over the whole batch can make a row's tokens depend on the other

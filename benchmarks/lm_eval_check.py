@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         server = subprocess.Popen(
-            [sys.executable, "-m", "gpt_serve", "serve", "--port", str(port), "--backend", args.backend,
+            [sys.executable, "-m", "gpt_serve", "serve", args.model, "--port", str(port), "--backend", args.backend,
              "--threads", str(args.threads), "--log-level", "warning"],
             cwd=ROOT,
         )  # fmt: skip

@@ -217,8 +217,9 @@ def start_server(args, model_dirs: list[str]) -> tuple[subprocess.Popen, str]:
         port = s.getsockname()[1]
     extra = [arg for spec in model_dirs for arg in ("--model-dir", spec)]
     if args.over == "api":
-        cli = [sys.executable, "-m", "gpt_serve", "serve", "--port", str(port), "--threads", str(args.threads)]
-        cli += ["--max-batch", str(args.max_batch), "--max-queue", str(max(args.streams)), "--log-level", "warning"]
+        cli = [sys.executable, "-m", "gpt_serve", "serve", *([] if model_dirs else [args.model]), "--port", str(port)]
+        cli += ["--threads", str(args.threads)]
+        cli += ["--max-num-seqs", str(args.max_batch), "--max-queue", str(max(args.streams)), "--log-level", "warning"]
         ready = "/health"
     else:
         cli = [sys.executable, "-m", "demo", "--port", str(port), "--threads", str(args.threads), "--no-preload"]

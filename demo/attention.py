@@ -15,14 +15,11 @@ and dark pages.
 
 from __future__ import annotations
 
+import functools
 import html
 
-import matplotlib
 import numpy as np
 
-# matplotlib's viridis as 256 '#rrggbb' colours, computed once (no figure is ever drawn)
-_RGB = (matplotlib.colormaps["viridis"](np.linspace(0, 1, 256))[:, :3] * 255).round().astype(np.uint8)
-COLORMAP = np.array([f"#{r:02x}{g:02x}{b:02x}" for r, g, b in _RGB])  # (256,) str
 VIEW_POSITIONS = 32  # the most positions a map shows (and labels): the last ones
 DENSE_LABELS = 16  # past this many columns, a narrow screen labels every other position
 SCALE_TICKS = {0: "0", 0.05: ".05", 0.25: ".25", 0.5: ".5", 1: "1"}  # weight -> its label on the colour scale
@@ -102,8 +99,18 @@ def axis_text(chars: str) -> str:
     return "".join(VISIBLE.get(c, c) for c in chars)
 
 
+@functools.cache
+def colormap() -> np.ndarray:
+    """matplotlib's viridis as 256 '#rrggbb' colours, (256,) str, computed once, on the first view drawn (no figure
+    is ever drawn; a torch-free demo, which has no attention view, needs no matplotlib)."""
+    import matplotlib
+
+    rgb = (matplotlib.colormaps["viridis"](np.linspace(0, 1, 256))[:, :3] * 255).round().astype(np.uint8)
+    return np.array([f"#{r:02x}{g:02x}{b:02x}" for r, g, b in rgb])
+
+
 def colour_index(weights: np.ndarray, gamma: float = 0.5) -> np.ndarray:
-    """Weights in [0, 1] -> indices into `COLORMAP` of weight**gamma. gamma < 1 lifts small weights, which are most
+    """Weights in [0, 1] -> indices into `colormap()` of weight**gamma. gamma < 1 lifts small weights, which are most
     of them once the prompt is longer than a few characters."""
     return np.clip(np.rint(np.clip(weights, 0, 1) ** gamma * 255), 0, 255).astype(np.intp)
 
@@ -135,7 +142,7 @@ def render_heads(weights: np.ndarray, chars: str, positions: int = VIEW_POSITION
     # every other label counted back from the last position, hidden on a narrow screen if there are many (VIEW_CSS)
     odd = [' class="odd"' if (n - 1 - j) % 2 else "" for j in range(n)]
     header = "<span></span>" + "".join(f"<span{odd[j]}>{html.escape(c)}</span>" for j, c in enumerate(labels))
-    colours = COLORMAP[colour_index(shown, gamma)]
+    colours = colormap()[colour_index(shown, gamma)]
     dense = " dense" if n > DENSE_LABELS else ""
     titles = np.char.lstrip(np.char.mod("%.3f", shown), "0")  # a cell's title: its weight, '.125'
     heads = []
@@ -162,7 +169,7 @@ def render_heads(weights: np.ndarray, chars: str, positions: int = VIEW_POSITION
 def _scale(gamma: float) -> str:
     """The colour scale: a bar of the colours with weight ticks at weight**gamma, and the masked swatch."""
     colour = "√weight" if gamma == 0.5 else f"weight^{gamma:g}"
-    stops = ", ".join(COLORMAP[np.linspace(0, 255, 9).round().astype(np.intp)])
+    stops = ", ".join(colormap()[np.linspace(0, 255, 9).round().astype(np.intp)])
     ticks = "".join(f'<span style="left:{w**gamma * 100:.1f}%">{label}</span>' for w, label in SCALE_TICKS.items())
     return (
         f'<div class="attn-scale"><div>attention weight (colour = {colour})'

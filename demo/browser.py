@@ -4,7 +4,8 @@ the demo's FastAPI app under `/browser/`.
 What is served is a fixed table of files, nothing else (no directory is exposed, so no path can reach outside it):
 the page's own files (among them its request limits `limits.json`, generated from `gpt_serve.generation.spec`, and
 the demo's form `form.json`, generated from `demo.form`),
-onnxruntime-web's WASM build from `demo/web/node_modules` (installed by `npm ci`, see the Makefile) under `ort/`, and
+onnxruntime-web's WASM build under `ort/` (the page folder's `ort/`: in a clone a link into `node_modules`, installed
+by `npm ci`, see the Makefile; in a Space's folder, `gpt-serve space`, the files themselves), and
 three files of one model folder under `model/`, the page's default model URL. Its `model/corpus.json` is not the
 folder's file but what the page may show of it (name, description, sample prompts: `CorpusRecord.public`, built from
 the checked record; 404 when the folder records none or its record is broken). Without `node_modules` the page's
@@ -24,6 +25,8 @@ WEB_DIR = Path(__file__).resolve().parent / "web"
 JS_MODULES = ("app.js", "engine.js", "form.js", "model.js", "rng.js", "sampling.js", "spec.js", "vocab.js")
 PAGE_FILES = ("index.html", "style.css", "limits.json", "form.json", *JS_MODULES)
 ORT_DIST = Path("node_modules") / "onnxruntime-web" / "dist"  # relative to WEB_DIR
+# where the page's folder holds them: in a clone, a link to ORT_DIST; in a Space's folder (`gpt-serve space`), files
+ORT_DIR = "ort"
 # onnxruntime-web's WASM-only ES module and the WebAssembly build (with its loader) it fetches
 ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 PAGE_ONNX_FILE = f"{ONNX_SUBDIR}/{INT8_FILE_NAME}"  # the int8 graph, the page's default (`?onnx=` picks another)
@@ -57,7 +60,7 @@ def browser_files(model_dir: str | Path, web_dir: str | Path = WEB_DIR) -> dict[
     """URL path under the mount (e.g. `ort/ort.wasm.min.mjs`) -> the file served there."""
     web_dir, model_dir = Path(web_dir), Path(model_dir)
     files = {name: web_dir / name for name in PAGE_FILES}
-    files.update({f"ort/{name}": web_dir / ORT_DIST / name for name in ORT_FILES})
+    files.update({f"ort/{name}": web_dir / ORT_DIR / name for name in ORT_FILES})
     files.update({f"model/{name}": model_dir / name for name in MODEL_FILES})
     return files
 

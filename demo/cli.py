@@ -1,8 +1,8 @@
 """The demo's command line: `python -m demo [flags]` (also `gpt-serve demo` and `make demo`).
 
     python -m demo                                  # the shipped models, http://127.0.0.1:7860
-    python -m demo --model-dir runs/my-model        # add a model folder (NAME=PATH to name it)
-    python -m demo --host 0.0.0.0 --port 8080       # serve other machines too (opt-in)
+    python -m demo runs/my-model shakespeare        # these models only, the first the default
+    python -m demo --host 0.0.0.0 --port 8080       # serve other machines too (opt-in; or GRADIO_SERVER_NAME/PORT)
     python -m demo --share                          # and a public gradio.live link (opt-in, needs internet)
     python -m demo --mcp                            # also an MCP server: /generate as a tool (the `mcp` extra)
 
@@ -34,9 +34,12 @@ from gpt_serve.cli.flags import (
 from gpt_serve.cli.server_flags import (
     add_api_arguments,
     add_limit_arguments,
+    add_model_arguments,
     api_options,
     check_port_free,
     interrupt,
+    models_named,
+    served_model_names,
     server_limits,
 )
 from gpt_serve.generation import BACKENDS
@@ -48,33 +51,41 @@ from gpt_serve.models import MODELS_DIR
 # pixels; the specification's 100,000 made one pixel about 170 tokens), and no visitor's run holds a row for minutes.
 # `--max-new-tokens-limit` raises it, up to the specification's MAX_NEW_TOKENS.
 MAX_NEW_TOKENS_LIMIT = 2_000
+# Where the demo listens unless --host/--port say: what Gradio reads when `launch()` is given neither (Hugging Face
+# Spaces set them), else this machine only
+HOST_ENV, PORT_ENV, DEFAULT_HOST, DEFAULT_PORT = "GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT", "127.0.0.1", 7860
+
+
+def bind_address(host: str | None, port: int | None) -> tuple[str, int]:
+    """(host, port) to listen on: the flags when given, else `$GRADIO_SERVER_NAME` / `$GRADIO_SERVER_PORT`, else
+    127.0.0.1:7860. A ValueError names a variable that holds no port."""
+    host = host or os.environ.get(HOST_ENV) or DEFAULT_HOST
+    if port is None:
+        text = os.environ.get(PORT_ENV)
+        try:
+            port = tcp_port(text) if text else DEFAULT_PORT
+        except (ValueError, argparse.ArgumentTypeError):
+            raise ValueError(f"${PORT_ENV} must be a TCP port in [1, 65535], got {text!r}") from None
+    return host, port
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m demo", description="Launch the gpt-serve web demo (Gradio).")
+    add_model_arguments(p, none_named="none: the shipped models, the ladder's stages listed when missing")
     p.add_argument(
         "--host",
-        default="127.0.0.1",
-        help="interface to bind (default 127.0.0.1: this machine only; 0.0.0.0: every interface)",
+        default=None,
+        help=f"interface to bind (default: ${HOST_ENV} if set, as Hugging Face Spaces set it, else 127.0.0.1: this "
+        "machine only; 0.0.0.0: every interface)",
     )
-    p.add_argument("--port", type=tcp_port, default=7860, help="TCP port (default 7860)")
+    p.add_argument(
+        "--port", type=tcp_port, default=None, help=f"TCP port (default: ${PORT_ENV} if set, else {DEFAULT_PORT})"
+    )
     p.add_argument("--share", action="store_true", help="also open a public *.gradio.live link (needs internet)")
     p.add_argument(
         "--model",
         default=None,
-        help="model selected when the page opens (default: shakespeare, else the first model found)",
-    )
-    p.add_argument(
-        "--model-dir",
-        action="append",
-        default=[],
-        metavar="[NAME=]PATH",
-        help="add a model folder (a save_pretrained folder); repeat for more",
-    )
-    p.add_argument(
-        "--models-root",
-        default=str(MODELS_DIR),
-        help="folder whose sub-folders are the named models (default: the shipped models)",
+        help="model selected when the page opens (default: the first MODEL, else shakespeare, else the first found)",
     )
     p.add_argument(
         "--backend",
@@ -90,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--concurrency",
+        "--max-num-seqs",
+        dest="concurrency",
         type=positive_int,
         default=DEFAULT_MAX_BATCH,
         help=f"generations running at once, batched per model and backend (default {DEFAULT_MAX_BATCH})",
@@ -122,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-preload", action="store_true", help="load models on first use instead of at startup")
     p.add_argument(
+        "--web-dir",
+        default=None,
+        metavar="FOLDER",
+        help="the in-browser page's folder, served at /browser/ (default: the package's demo/web; a Space's folder "
+        "has its own, `gpt-serve space`)",
+    )
+    p.add_argument(
         "--log-level",
         default=None,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -134,6 +154,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_api_arguments(p)  # the mounted OpenAI-compatible API: the same access flags as `gpt-serve serve`
     add_limit_arguments(p)  # and the same bounds, for every request the demo's server takes
     return p
+
+
+def demo_registry(args):
+    """The demo's models: those named (`ModelRegistry.serving`, as `gpt-serve serve` takes them), else those under
+    --models-root (default: the shipped models), with the ladder's stages listed when missing."""
+    from gpt_serve.serving.registry import ModelRegistry
+
+    named, served = models_named(args), served_model_names(args)
+    limits = dict(threads=args.threads, max_batch=args.concurrency, generation_config=args.generation_config)
+    if named or served is not None:
+        return ModelRegistry.serving(named, served, args.models_root, **limits)
+    root = args.models_root if args.models_root is not None else MODELS_DIR
+    return ModelRegistry.discover((), root, **limits)
 
 
 def seconds_since_process_start() -> float | None:
@@ -182,20 +215,23 @@ def mount_api(app, registry, default_backend: str, max_tokens_limit: int, **acce
     return drain
 
 
-def mount_at_start(options: dict, registry, browser_model: str, default_backend: str, max_tokens_limit: int, **access):
+def mount_at_start(
+    options: dict, registry, browser_model: str, default_backend: str, max_tokens_limit: int, web_dir=None, **access
+):
     """Makes `options` (`Blocks.launch` arguments, `launch_options`) mount the OpenAI-compatible API (`mount_api`)
-    and the in-browser page of `browser_model` (`mount_browser`) before the server accepts its first connection:
-    uvicorn runs the lifespan's start first (Gradio runs its own lifespan, then this one), so a request sent as soon
-    as the page answers finds /v1 and /browser/. Returns a dict that holds, once the server has started, the API's
-    `Drain` (`"drain"`) and why the browser page is missing, if it is (`"missing"`)."""
-    from .browser import mount_browser
+    and the in-browser page of `browser_model` (`mount_browser`, the page's files from `web_dir`, None: the
+    package's) before the server accepts its first connection: uvicorn runs the lifespan's start first (Gradio runs
+    its own lifespan, then this one), so a request sent as soon as the page answers finds /v1 and /browser/. Returns
+    a dict that holds, once the server has started, the API's `Drain` (`"drain"`) and why the browser page is
+    missing, if it is (`"missing"`)."""
+    from .browser import WEB_DIR, mount_browser
 
     mounted, folder = {}, registry.folder(browser_model)  # an unknown model: an error here, not a failed start
 
     @contextlib.asynccontextmanager
     async def mount_routes(app):
         mounted["drain"] = mount_api(app, registry, default_backend, max_tokens_limit, **access)
-        mounted["missing"] = mount_browser(app, folder)
+        mounted["missing"] = mount_browser(app, folder, web_dir=web_dir or WEB_DIR)
         yield
 
     options["app_kwargs"]["lifespan"] = mount_routes
@@ -209,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:  # before anything loads
         access, limits = api_options(args), server_limits(args)
+        args.host, args.port = bind_address(args.host, args.port)
         hint = f'is another demo running? pass --port N (make demo DEMO_ARGS="--port {args.port + 1}")'
         check_port_free(args.host, args.port, hint)
     except (OSError, ValueError) as e:
@@ -227,16 +264,11 @@ def main(argv: list[str] | None = None) -> int:
             "demo: torch is not installed: only the ONNX Runtime backends work, without the attention view",
             file=sys.stderr,
         )
-    from gpt_serve.serving.registry import ModelRegistry
-
     from .app import build_demo, launch_options
     from .generation import Limits
 
     try:
-        registry = ModelRegistry.discover(
-            args.model_dir, args.models_root, threads=args.threads, max_batch=args.concurrency,
-            generation_config=args.generation_config,
-        )  # fmt: skip
+        registry = demo_registry(args)
         default_model = registry.default_model(args.model)
     except ValueError as e:
         print(f"demo: error: {e}", file=sys.stderr)
@@ -262,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         concurrency=args.concurrency,
     )
     options = launch_options(limits, access["api_key"], access["metrics_need_key"])
-    mounted = mount_at_start(options, registry, default_model, args.backend, args.max_new_tokens_limit, **access)
+    mounted = mount_at_start(
+        options, registry, default_model, args.backend, args.max_new_tokens_limit, args.web_dir, **access
+    )
     try:
         demo.launch(
             server_name=args.host,

@@ -36,6 +36,7 @@ from gpt_serve.onnx_contract import (
 )
 
 from .genai import write_genai_files
+from .graph_rewrites import quantize_int8
 from .onnx_export import (
     EXPORTER,
     EXPORTER_VERSION,
@@ -43,7 +44,6 @@ from .onnx_export import (
     export_fp32,
     export_inplace_fp32,
     metadata,
-    quantize_int8,
     write_metadata,
 )
 from .validate import (
@@ -143,7 +143,7 @@ def export_model(
     """Exports, validates and (if every check passes) installs `MODEL_DIR/onnx/model.onnx` and, with `quantize`,
     `MODEL_DIR/onnx/model_quantized.onnx`, with what onnxruntime-genai reads beside them (`export.genai`); and the
     in-place decode graphs that `OnnxBackend` decodes with (`onnx/decoder_inplace.onnx`, with `quantize` also
-    `onnx/decoder_inplace_quantized.onnx`; see `export.onnx_export.DecoderInPlace`).
+    `onnx/decoder_inplace_quantized.onnx`; see `export.decoders.DecoderInPlace`).
 
     Args:
         model_dir: a `save_pretrained` folder of a CharGPT model (with its tokenizer), or a shipped model's name.

@@ -67,37 +67,61 @@ def format_report(report: ExportReport) -> str:
     return "\n".join(lines)
 
 
+# The card's description of the graphs' inputs and outputs (docs/export.md, "The files", says the same at length)
+GRAPHS_LAYOUT = """\
+`model*.onnx`: one decoder graph with a KV cache in Hugging Face's layout serves prefill (empty past) and decode.
+Inputs `input_ids`, `attention_mask`, `position_ids`, `past_key_values.{i}.key/.value`; outputs `logits`,
+`present.{i}.key/.value`; dynamic dims `batch_size`, `sequence_length`, `past_sequence_length`.
+`decoder_inplace*.onnx`: new tokens over a cache that ONNX Runtime updates in place (gpt-serve's ONNX backend
+prefills and decodes with it). Inputs `input_ids`, `position_ids` (batch, sequence), `cache_lengths` (batch),
+`cache.{i}.key/.value` (batch, heads, columns, head size; row b's keys in columns `[0, cache_lengths[b])`, room for
+the new ones after them); outputs `logits` (batch, vocab: each row's last token) and `present.{i}.key/.value`, the
+cache with the new tokens' columns written: bound to the inputs' memory, nothing is copied. Each layer's attention
+is one `com.microsoft` `GroupQueryAttention` node (ONNX Runtime only). Each file's metadata holds `block_size` and
+the vocabulary's sha256, checked against `vocab.json` at load time."""
+
+
+def _files_table(report: ExportReport) -> str:
+    return "\n".join(
+        f"| `{name}` | {'int8 weights, one scale per output column' if 'quantized' in name else 'fp32'} | {_mb(size)} "
+        f"| `{report.sha256.get(name, '')[:16]}` |"
+        for name, size in report.files.items()
+    )
+
+
+def _checks_passed(report: ExportReport) -> str:
+    """The card's lines for the checks: which passed within which limits, never the measured figures."""
+    graphs = ", ".join(w for w in report.parity if w.startswith("fp32"))
+    p = next(iter(report.parity.values()), None)
+    rows = ", ".join(map(str, p.batch_lengths)) if p is not None else ""
+    steps = p.decode_steps if p is not None else 0
+    lines = [
+        f"- `onnx.checker`: {', '.join(f'{k} {c}' for k, c in report.checker.items())}.",
+        f"- ONNX Runtime vs PyTorch ({graphs}): logits and caches within {report.atol:.0e} (a left-padded batch of "
+        f"rows {rows}, then {steps} decode steps; the in-place graph with each row prefilled alone): passed.",
+    ]
+    if report.int8_inplace_vs_int8 is not None:
+        lines.append(
+            f"- int8 in-place vs the int8 graph, both with their weights folded to fp32: logits within "
+            f"{report.atol:.0e}: passed."
+        )
+    v = report.val_loss
+    lines.append(
+        f"- int8 validation loss on {v.tokens:,} characters of {v.source}: at most {v.max_increase:+.4f} nats per "
+        f"character above fp32's: passed (the figures: the export's report)."
+        if v is not None
+        else "- int8: not exported."
+    )
+    return "\n".join(lines)
+
+
 def card_section(report: ExportReport, command: str) -> str:
     """The model card's ONNX section (markdown), between the markers. It records what was written (each file's size
     and sha256), how, and which checks passed within which limits; never when or how long it took, nor the measured
     differences and losses: those vary in their last digits with the CPU's kernels and the thread count (the terminal
     report prints them). So the same folder exported by the same command and versions gives the same card, byte for
     byte, on any machine, as it gives the same graphs."""
-    sizes = "\n".join(
-        f"| `{name}` | {'int8 weights, one scale per output column' if 'quantized' in name else 'fp32'} | {_mb(size)} "
-        f"| `{report.sha256.get(name, '')[:16]}` |"
-        for name, size in report.files.items()
-    )
-    graphs = ", ".join(w for w in report.parity if w.startswith("fp32"))
-    p = next(iter(report.parity.values()), None)
-    rows = ", ".join(map(str, p.batch_lengths)) if p is not None else ""
-    steps = p.decode_steps if p is not None else 0
-    parity = (
-        f"- ONNX Runtime vs PyTorch ({graphs}): logits and caches within {report.atol:.0e} (a left-padded batch of "
-        f"rows {rows}, then {steps} decode steps; the in-place graph with each row prefilled alone): passed."
-    )
-    if report.int8_inplace_vs_int8 is not None:
-        parity += (
-            f"\n- int8 in-place vs the int8 graph, both with their weights folded to fp32: logits within "
-            f"{report.atol:.0e}: passed."
-        )
     v = report.val_loss
-    val = (
-        f"- int8 validation loss on {v.tokens:,} characters of {v.source}: at most {v.max_increase:+.4f} nats per "
-        f"character above fp32's: passed (the figures: the export's report)."
-        if v is not None
-        else "- int8: not exported."
-    )
     versions = ", ".join(f"{k} {v}" for k, v in report.versions.items())
     eos = "the training text's rarest character" if v is not None else "the vocabulary's last character"
     shipped = report.model_dir.resolve().parent == MODELS_DIR
@@ -110,22 +134,11 @@ Exported and validated by `{command}`
 
 | file | weights | size | sha256 (first 16 hex digits) |
 |---|---|---|---|
-{sizes}
+{_files_table(report)}
 
-`model*.onnx`: one decoder graph with a KV cache in Hugging Face's layout serves prefill (empty past) and decode.
-Inputs `input_ids`, `attention_mask`, `position_ids`, `past_key_values.{{i}}.key/.value`; outputs `logits`,
-`present.{{i}}.key/.value`; dynamic dims `batch_size`, `sequence_length`, `past_sequence_length`.
-`decoder_inplace*.onnx`: new tokens over a cache that ONNX Runtime updates in place (gpt-serve's ONNX backend
-prefills and decodes with it). Inputs `input_ids`, `position_ids` (batch, sequence), `cache_lengths` (batch),
-`cache.{{i}}.key/.value` (batch, heads, columns, head size; row b's keys in columns `[0, cache_lengths[b])`, room for
-the new ones after them); outputs `logits` (batch, vocab: each row's last token) and `present.{{i}}.key/.value`, the
-cache with the new tokens' columns written: bound to the inputs' memory, nothing is copied. Each layer's attention
-is one `com.microsoft` `GroupQueryAttention` node (ONNX Runtime only). Each file's metadata holds `block_size` and
-the vocabulary's sha256, checked against `vocab.json` at load time.
+{GRAPHS_LAYOUT}
 
-- `onnx.checker`: {", ".join(f"{k} {c}" for k, c in report.checker.items())}.
-{parity}
-{val}
+{_checks_passed(report)}
 
 ```python
 from gpt_serve.generation import SamplingParams, load_backend, stream_text  # needs only numpy + onnxruntime

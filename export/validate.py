@@ -128,36 +128,32 @@ def _shape_errors(step: int, names: list[str], ort_out: dict, torch_out: dict) -
     ]
 
 
-def compare_inplace_with_torch(
-    model: CharGPTForCausalLM, session: ort.InferenceSession, decode_steps: int = 4, seed: int = 0
-) -> ParityResult:
-    """Max |ONNX Runtime - PyTorch| of the in-place graph (`export.onnx_export.DecoderInPlace`) over logits and the
-    new keys/values it writes, names and shapes checked: each row of different lengths prefilled alone into an
-    empty `block_size`-column buffer, then the rows decoding together for `decode_steps` steps, the outputs bound
-    to the inputs' memory as `OnnxInPlaceBatch` binds them (so each step's cache is the graph's own). Columns past
-    each row's tokens hold random numbers, which the graph must neither read nor change. PyTorch runs each row
-    alone with its own cache, and both sides are fed the token PyTorch ranks first."""
-    config = model.config
-    n_layer, C, H, hs = config.n_layer, config.block_size, config.n_head, config.head_size
-    lengths = parity_batch(config.block_size, decode_steps)
-    B = len(lengths)
-    expected_outputs = [LOGITS_NAME, *present_names(n_layer)]
-    result = ParityResult(lengths, decode_steps, names_ok=[o.name for o in session.get_outputs()] == expected_outputs)
-    if not result.names_ok:
-        return result
-    rng = np.random.default_rng(seed)
-    cache = [rng.standard_normal((B, H, C, hs)).astype(np.float32) for _ in range(2 * n_layer)]
+class _InPlaceParity:
+    """One run of `compare_inplace_with_torch`: the graph's cache buffers (random numbers past each row's tokens),
+    PyTorch's cache per row, the tokens both sides are fed next, and the `result` the checks fill in."""
 
-    def run(ids, filled, past) -> dict[str, np.ndarray]:
+    def __init__(self, model: CharGPTForCausalLM, session: ort.InferenceSession, result: ParityResult, seed: int):
+        config = self.config = model.config
+        self.model, self.session, self.result = model, session, result
+        self.names = present_names(config.n_layer)
+        self.rng = np.random.default_rng(seed)
+        B, C = len(result.batch_lengths), config.block_size
+        shape = (B, config.n_head, C, config.head_size)
+        self.cache = [self.rng.standard_normal(shape).astype(np.float32) for _ in range(2 * config.n_layer)]
+        self.torch_caches: list = []
+        self.tokens = np.zeros(B, dtype=np.int64)
+
+    def run(self, ids, filled, past) -> dict[str, np.ndarray]:
         """The graph as `OnnxInPlaceBatch` runs it (`run_inplace`: each `present.*` bound to its `cache.*` input's
         memory), on a copy of `past`, which stays as it was for the checks."""
         buffers = [np.array(p, copy=True) for p in past]
-        logits = run_inplace(session, ids, filled, buffers)
-        return {LOGITS_NAME: logits, **dict(zip(present_names(n_layer), buffers, strict=True))}
+        logits = run_inplace(self.session, ids, filled, buffers)
+        return {LOGITS_NAME: logits, **dict(zip(self.names, buffers, strict=True))}
 
-    def compare(step: int, ort_out, torch_logits, torch_new, columns, past) -> float:
+    def compare(self, step: int, ort_out, torch_logits, torch_new, columns, past) -> float:
         """max |Δlogits|; checks the written columns against PyTorch's new keys and that no other one changed."""
-        shapes = {LOGITS_NAME: torch_logits.shape, **{name: past[0].shape for name in present_names(n_layer)}}
+        result = self.result
+        shapes = {LOGITS_NAME: torch_logits.shape, **{name: past[0].shape for name in self.names}}
         result.shape_errors += [
             f"step {step} {name}: ORT {ort_out[name].shape}, expected {shape}"
             for name, shape in shapes.items()
@@ -165,7 +161,7 @@ def compare_inplace_with_torch(
         ]
         if result.shape_errors:
             return 0.0
-        for name, before, new in zip(present_names(n_layer), past, torch_new, strict=True):
+        for name, before, new in zip(self.names, past, torch_new, strict=True):
             written = np.zeros(before.shape[::2], dtype=bool)  # (rows, columns)
             for b, cols in enumerate(columns):
                 written[b, cols] = True
@@ -176,42 +172,76 @@ def compare_inplace_with_torch(
                 result.shape_errors.append(f"step {step} {name}: columns other than the new tokens' changed")
         return float(np.abs(ort_out[LOGITS_NAME] - torch_logits).max())
 
-    torch_caches, tokens = [], np.zeros(B, dtype=np.int64)
-    for b, length in enumerate(lengths):  # prefill, each row alone into its empty buffer
-        prompt = rng.integers(0, config.vocab_size, (1, length))
-        past = [c[b : b + 1] for c in cache]
-        ort_out = run(prompt, np.zeros(1, dtype=np.int64), past)
-        with torch.inference_mode():
-            out = model(input_ids=torch.from_numpy(prompt), cache=DynamicCache(config=config), use_cache=True)
-        new = [t.numpy() for layer in out.cache.layers[:n_layer] for t in (layer.keys, layer.values)]
-        logits = out.logits[:, -1].float().numpy()
-        diff = compare(0, ort_out, logits, new, [np.arange(length)], past)
-        if result.shape_errors:
-            return result
-        result.max_abs_logits_prefill = max(result.max_abs_logits_prefill, diff)
-        for c, name in zip(cache, present_names(n_layer), strict=True):
-            c[b] = ort_out[name][0]
-        torch_caches.append(out.cache)
-        tokens[b] = int(out.logits[0, -1].argmax())
-    filled = np.array(lengths, dtype=np.int64)
-    for step in range(1, decode_steps + 1):  # decode, the rows together
-        ort_out = run(tokens[:, None], filled.copy(), cache)
+    def layer_tensors(self, cache) -> list[torch.Tensor]:
+        return [t for layer in cache.layers[: self.config.n_layer] for t in (layer.keys, layer.values)]
+
+    def prefill(self) -> None:
+        """Each row alone into its empty buffer."""
+        for b, length in enumerate(self.result.batch_lengths):
+            prompt = self.rng.integers(0, self.config.vocab_size, (1, length))
+            past = [c[b : b + 1] for c in self.cache]
+            ort_out = self.run(prompt, np.zeros(1, dtype=np.int64), past)
+            with torch.inference_mode():
+                ids, cache = torch.from_numpy(prompt), DynamicCache(config=self.config)
+                out = self.model(input_ids=ids, cache=cache, use_cache=True)
+            new = [t.numpy() for t in self.layer_tensors(out.cache)]
+            logits = out.logits[:, -1].float().numpy()
+            diff = self.compare(0, ort_out, logits, new, [np.arange(length)], past)
+            if self.result.shape_errors:
+                return
+            self.result.max_abs_logits_prefill = max(self.result.max_abs_logits_prefill, diff)
+            for c, name in zip(self.cache, self.names, strict=True):
+                c[b] = ort_out[name][0]
+            self.torch_caches.append(out.cache)
+            self.tokens[b] = int(out.logits[0, -1].argmax())
+
+    def torch_step(self, filled) -> tuple[np.ndarray, list[np.ndarray]]:
+        """PyTorch's decode step, each row alone with its own cache: the logits (B, V) and the new keys/values."""
+        config, B = self.config, len(self.tokens)
         logits = np.zeros((B, config.vocab_size), dtype=np.float32)
-        new = [np.zeros((B, H, 1, hs), dtype=np.float32) for _ in range(2 * n_layer)]
+        new = [np.zeros((B, config.n_head, 1, config.head_size), dtype=np.float32) for _ in range(2 * config.n_layer)]
         with torch.inference_mode():
             for b in range(B):
-                ids, positions = torch.tensor([[tokens[b]]]), torch.tensor([[filled[b]]])
-                out = model(input_ids=ids, position_ids=positions, cache=torch_caches[b], use_cache=True)
+                ids, positions = torch.tensor([[self.tokens[b]]]), torch.tensor([[filled[b]]])
+                out = self.model(input_ids=ids, position_ids=positions, cache=self.torch_caches[b], use_cache=True)
                 logits[b] = out.logits[0, -1].float().numpy()
-                for j, t in enumerate(t for layer in out.cache.layers[:n_layer] for t in (layer.keys, layer.values)):
+                for j, t in enumerate(self.layer_tensors(out.cache)):
                     new[j][b] = t[0, :, -1:].numpy()
-        diff = compare(step, ort_out, logits, new, [np.array([f]) for f in filled], cache)
-        if result.shape_errors:
-            return result
-        result.max_abs_logits_decode = max(result.max_abs_logits_decode, diff)
-        cache = [ort_out[name] for name in present_names(n_layer)]  # the graph's own cache
-        tokens = logits.argmax(-1).astype(np.int64)
-        filled += 1
+        return logits, new
+
+    def decode(self, decode_steps: int) -> None:
+        """The rows together, each step on the graph's own cache."""
+        filled = np.array(self.result.batch_lengths, dtype=np.int64)
+        for step in range(1, decode_steps + 1):
+            ort_out = self.run(self.tokens[:, None], filled.copy(), self.cache)
+            logits, new = self.torch_step(filled)
+            diff = self.compare(step, ort_out, logits, new, [np.array([f]) for f in filled], self.cache)
+            if self.result.shape_errors:
+                return
+            self.result.max_abs_logits_decode = max(self.result.max_abs_logits_decode, diff)
+            self.cache = [ort_out[name] for name in self.names]
+            self.tokens = logits.argmax(-1).astype(np.int64)
+            filled += 1
+
+
+def compare_inplace_with_torch(
+    model: CharGPTForCausalLM, session: ort.InferenceSession, decode_steps: int = 4, seed: int = 0
+) -> ParityResult:
+    """Max |ONNX Runtime - PyTorch| of the in-place graph (`export.decoders.DecoderInPlace`) over logits and the
+    new keys/values it writes, names and shapes checked: each row of different lengths prefilled alone into an
+    empty `block_size`-column buffer, then the rows decoding together for `decode_steps` steps, the outputs bound
+    to the inputs' memory as `OnnxInPlaceBatch` binds them (so each step's cache is the graph's own). Columns past
+    each row's tokens hold random numbers, which the graph must neither read nor change. PyTorch runs each row
+    alone with its own cache, and both sides are fed the token PyTorch ranks first."""
+    lengths = parity_batch(model.config.block_size, decode_steps)
+    expected_outputs = [LOGITS_NAME, *present_names(model.config.n_layer)]
+    result = ParityResult(lengths, decode_steps, names_ok=[o.name for o in session.get_outputs()] == expected_outputs)
+    if not result.names_ok:
+        return result
+    parity = _InPlaceParity(model, session, result, seed)
+    parity.prefill()
+    if not result.shape_errors:
+        parity.decode(decode_steps)
     return result
 
 

@@ -61,6 +61,15 @@ def python_with_only(package: str, venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_until(condition, timeout: float = 10.0, interval: float = 0.02) -> bool:
     """Polls `condition()` until it is true or `timeout` seconds pass; returns its last value."""
     deadline = time.monotonic() + timeout

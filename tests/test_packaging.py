@@ -115,6 +115,8 @@ def test_the_wheel_and_generic_packages_do_not_clobber_each_other(wheel, tmp_pat
         ([str(Path(sys.executable).parent / "gpt-serve"), "train", "--list-presets"], "ladder-a"),
         ([str(Path(sys.executable).parent / "gpt-serve"), "export", "--help"], "Export a CharGPT model folder"),
         ([str(Path(sys.executable).parent / "gpt-serve"), "demo", "--help"], "Launch the gpt-serve web demo"),
+        ([sys.executable, "-m", "demo.space", "--help"], "usage: gpt-serve space"),
+        ([str(Path(sys.executable).parent / "gpt-serve"), "space", "--help"], "usage: gpt-serve space"),
     ],
     ids=[
         "python -m training",
@@ -123,6 +125,8 @@ def test_the_wheel_and_generic_packages_do_not_clobber_each_other(wheel, tmp_pat
         "gpt-serve train",
         "gpt-serve export",
         "gpt-serve demo",
+        "python -m demo.space",
+        "gpt-serve space",
     ],
 )
 def test_the_applications_run_from_the_clone_and_as_gpt_serve_subcommands(command, expected):

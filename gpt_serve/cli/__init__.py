@@ -2,7 +2,7 @@
 
     gpt-serve generate [MODEL] --prompt "ROMEO:" --max-new-tokens 300 [--backend torch|onnx|onnx-int8]
     gpt-serve models                  # the shipped models
-    gpt-serve serve --port 8000       # the OpenAI-compatible API (POST /v1/completions), no web page
+    gpt-serve serve [MODEL ...] --port 8000  # the OpenAI-compatible API (POST /v1/completions), no web page
     gpt-serve serve --ray --replicas 2 --threads 1   # the same API, as Ray Serve replicas (the `ray` extra)
     gpt-serve import ckpt.pt my-model  # bring your own model: the lesson's gpt.py or nanoGPT, then ONNX-exported
     gpt-serve copy MODEL OUT          # a self-contained copy (its code included): plain transformers, the Hub
@@ -11,6 +11,7 @@
     gpt-serve ladder ...              # the lesson's loss ladder (python -m training.ladder)
     gpt-serve export MODEL ...        # ONNX export (python -m export)
     gpt-serve demo ...                # the Gradio demo (python -m demo)
+    gpt-serve space MODEL OUT         # a folder that runs the demo as a Hugging Face Space (python -m demo.space)
 
 `generate`, `models`, `serve`, `import`, `copy` and `record-vocab` are the library's own, a module each in this
 package (`import_cmd.py` for `import`), each with its `add_parser(sub)` and its handler; `flags.py` holds the argparse

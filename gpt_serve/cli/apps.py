@@ -1,5 +1,5 @@
-"""The applications' subcommands (`train`, `ladder`, `export`, `demo`): each registers itself as an entry point of
-the `gpt_serve.commands` group (see pyproject.toml), found here without being loaded."""
+"""The applications' subcommands (`train`, `ladder`, `export`, `demo`, `space`): each registers itself as an entry
+point of the `gpt_serve.commands` group (see pyproject.toml), found here without being loaded."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ COMMAND_HELP = {
     "ladder": "train the lesson's ladder stages and write the table",
     "export": "export a model folder to ONNX and validate it",
     "demo": "launch the Gradio web demo",
+    "space": "write a folder that runs the demo as a Hugging Face Space",
 }
 
 

@@ -47,6 +47,7 @@ def default_prompt(model) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.model = model_argument(args.model, args.model_flag)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     prompt = default_prompt(args.model) if prompt is None else prompt
     # every field checked by the request specification before anything loads, as a server checks it
@@ -72,6 +73,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def model_argument(positional: str | None, flag: str | None) -> str:
+    """The model of a command that takes it as MODEL or `--model MODEL` (vLLM's and transformers' spelling):
+    either, not two different ones; none: the shipped default."""
+    if positional is not None and flag is not None and positional != flag:
+        raise ValueError(f"two models given: MODEL {positional!r} and --model {flag!r}; give one")
+    return positional or flag or DEFAULT_MODEL
+
+
 def _default(field: str):
     return FIELDS_BY_NAME[field].default
 
@@ -84,7 +93,9 @@ def add_parser(sub) -> None:
     g = sub.add_parser(
         "generate", help="stream text from a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    g.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="shipped model name or model folder")
+    model = f"shipped model name or model folder (none: {DEFAULT_MODEL})"
+    g.add_argument("model", nargs="?", default=None, metavar="MODEL", help=model)
+    g.add_argument("--model", dest="model_flag", default=None, metavar="MODEL", help="the same as MODEL")
     g.add_argument(
         "--prompt",
         default=None,

@@ -12,6 +12,7 @@ import time
 from ..generation import BACKENDS
 from ..generation.fields import DEFAULT_BACKEND, MAX_NEW_TOKENS
 from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
+from ..models import DEFAULT_MODEL
 from . import server_flags
 from .flags import (
     add_generation_config_argument,
@@ -38,12 +39,10 @@ def run(args: argparse.Namespace) -> int:
     from ..serving.registry import ModelRegistry
 
     server_flags.check_port_free(args.host, args.port, PORT_HINT)
-    registry = ModelRegistry.discover(
-        args.model_dir, args.models_root, expected=(), threads=args.threads, max_batch=args.max_batch,
-        max_queue=args.max_queue, generation_config=args.generation_config,
+    registry = ModelRegistry.serving(
+        server_flags.models_named(args), server_flags.served_model_names(args), args.models_root, threads=args.threads,
+        max_batch=args.max_batch, max_queue=args.max_queue, generation_config=args.generation_config,
     )  # fmt: skip
-    if not registry.available:
-        raise ValueError(f"no model folder found under {args.models_root} or in --model-dir")
     if not args.no_preload:  # the first request should not wait for a model to load
         print(f"gpt-serve serve: {registry.preload(args.backend)[1]}", file=sys.stderr)
     options, limits = server_flags.api_options(args), server_flags.server_limits(args)
@@ -80,16 +79,17 @@ def _serve_ray(args: argparse.Namespace) -> int:
 
 def _ray_options(args: argparse.Namespace):
     """The flags as `RayServeOptions` (what each replica is built from)."""
-    from ..models import MODELS_DIR
     from ..serving.ray_serve import RayServeOptions
 
     limits = server_flags.server_limits(args)
+    served = server_flags.served_model_names(args)
     return RayServeOptions(
         replicas=args.replicas or 1,
         replica_cpus=args.replica_cpus or 1.0,
         threads=args.threads,
-        models_root=None if args.models_root == str(MODELS_DIR) else args.models_root,  # None: each replica's own
-        model_dirs=tuple(args.model_dir),
+        models=tuple(server_flags.models_named(args)),
+        served_model_names=tuple(served) if served is not None else None,
+        models_root=args.models_root,
         backend=args.backend,
         max_batch=args.max_batch,
         max_queue=args.max_queue,
@@ -103,22 +103,24 @@ def _ray_options(args: argparse.Namespace):
 
 
 def add_parser(sub) -> None:
-    from ..models import MODELS_DIR
-
     s = sub.add_parser(
         "serve",
         help="serve the OpenAI-compatible completions API (no web page)",
+        description="Serve MODEL ... through the OpenAI-compatible API (completions, chat, models), each model's "
+        "requests batched by one decode loop; vLLM's flag names are accepted where they mean the same.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    server_flags.add_model_arguments(s, none_named=f"none: {DEFAULT_MODEL}")
     s.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0: every interface, opt-in)")
     s.add_argument("--port", type=tcp_port, default=8000)
-    s.add_argument("--models-root", default=str(MODELS_DIR), help="folder whose sub-folders are the models")
-    s.add_argument("--model-dir", action="append", default=[], metavar="[NAME=]PATH", help="add a model folder")
     s.add_argument("--backend", choices=list(BACKENDS), default=DEFAULT_BACKEND, help="when a request names none")
     threads = "threads per forward pass (none: all CPUs; with --ray: the replica's CPUs)"
     s.add_argument("--threads", type=thread_count, default=None, help=threads)
-    batch = "requests decoded at once, per model"
-    s.add_argument("--max-batch", type=positive_int, default=DEFAULT_MAX_BATCH, help=batch)
+    batch = "requests decoded at once, per model (--max-batch: the older spelling)"
+    s.add_argument(
+        "--max-num-seqs", "--max-batch", dest="max_batch", metavar="N", type=positive_int, default=DEFAULT_MAX_BATCH,
+        help=batch,
+    )  # fmt: skip
     s.add_argument("--max-queue", type=positive_int, default=DEFAULT_MAX_QUEUE, help="requests waiting; past it: 429")
     s.add_argument(
         "--max-tokens-limit",

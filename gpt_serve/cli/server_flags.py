@@ -5,7 +5,9 @@ the port check before any model loads (`check_port_free`) and the SIGTERM handle
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import signal
 
 from ..serving.server_limits import ServerLimits
@@ -25,12 +27,79 @@ def add_api_arguments(parser) -> None:
         "--metrics-need-key", action="store_true", help="/metrics needs the API key too (default: open, as /health)"
     )
     parser.add_argument(
+        "--allowed-origins",
         "--allow-origin",
-        action="append",
+        dest="allow_origin",
+        action="extend",
+        type=origins,
         default=[],
         metavar="ORIGIN",
-        help="let a browser page from ORIGIN (e.g. https://example.org) call the API (CORS); repeatable",
+        help="let a browser page from ORIGIN (e.g. https://example.org) call the API (CORS), with the key; "
+        'repeatable, or a JSON list as vLLM takes it (\'["https://a.org", "https://b.org"]\')',
     )
+
+
+def origins(text: str) -> list[str]:
+    """argparse type: one browser origin (`scheme://host[:port]`, as a browser's `Origin` header spells it), or a
+    JSON list of them (vLLM's `--allowed-origins`)."""
+    try:
+        given = json.loads(text) if text.lstrip().startswith("[") else [text]
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not a JSON list of origins ({e}): {text}") from None
+    if not isinstance(given, list) or not all(isinstance(origin, str) for origin in given):
+        raise argparse.ArgumentTypeError(f"must be an origin or a JSON list of origins (strings), got {text}")
+    for origin in given:
+        if origin == "*":
+            raise argparse.ArgumentTypeError("'*' is not accepted: name each origin a page may call the API from")
+        if not _ORIGIN.match(origin):
+            raise argparse.ArgumentTypeError(
+                f"{origin!r} is not an origin: scheme://host[:port], no path or trailing slash "
+                "(e.g. https://example.org or http://127.0.0.1:8080)"
+            )
+    return given
+
+
+_ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/\s?#]+$")
+
+
+def add_model_arguments(parser, none_named: str) -> None:
+    """What a server serves, the same for `gpt-serve serve` and the demo: MODEL ... (positional, the first the
+    default), `--served-model-name`, `--model-dir` (the older spelling of a MODEL) and `--models-root`;
+    `none_named` says what is served when no model is named. `models_named` reads them."""
+    parser.add_argument(
+        "models",
+        nargs="*",
+        default=argparse.SUPPRESS,  # left out: no attribute (`models_named`), and no "(default: ...)" in the help
+        metavar="MODEL",
+        help=f"a shipped model's name or a model folder, the first the default ({none_named})",
+    )
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=argparse.SUPPRESS,  # left out: no attribute (`served_model_names`)
+        metavar="NAME",
+        help="the name each MODEL is served as, in order (default: a shipped model's name, a folder's own name)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        action="append",
+        default=[],
+        metavar="[NAME=]PATH",
+        help="one more MODEL, after the positional ones (the older spelling; NAME=PATH names it); repeatable",
+    )
+    parser.add_argument(
+        "--models-root", default=None, metavar="FOLDER", help="serve every model folder directly under FOLDER too"
+    )
+
+
+def models_named(args) -> list[str]:
+    """The models of `add_model_arguments`' flags, in order: MODEL ..., then each `--model-dir`."""
+    return [*getattr(args, "models", ()), *args.model_dir]
+
+
+def served_model_names(args) -> list[str] | None:
+    """`--served-model-name`'s names, or None when it is not given."""
+    return getattr(args, "served_model_name", None)
 
 
 def api_options(args) -> dict:

@@ -81,7 +81,15 @@ def model_path(name: str | os.PathLike = DEFAULT_MODEL) -> Path:
     if candidate.is_dir():
         check_regular(candidate / CONFIG_FILE_NAME)  # a FIFO or a device named config.json: say so
         raise ValueError(f"{name} is a folder but not a model folder: it has no {CONFIG_FILE_NAME}")
+    if not isinstance(name, str) or _looks_like_a_path(name):  # a mistyped folder is not an unknown model name
+        raise ValueError(f"the model folder {str(name)!r} does not exist")
     raise ValueError(f"unknown model {str(name)!r}: shipped models are {list_models()}, or pass a model folder path")
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """Whether a model named on a command line is meant as a folder: it has a path separator, or starts with `.` or
+    `~` (a shipped model's name has neither)."""
+    return "/" in name or os.sep in name or name.startswith((".", "~"))
 
 
 def read_config(folder: str | os.PathLike) -> dict[str, Any]:

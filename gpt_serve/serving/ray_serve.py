@@ -27,7 +27,6 @@ from ..extras import missing_extra
 from ..generation.backends.loading import check_backend_key
 from ..generation.fields import DEFAULT_BACKEND, MAX_NEW_TOKENS
 from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
-from ..models import MODELS_DIR, discover
 from .registry import ModelRegistry
 from .server_limits import BODY_TIMEOUT, MAX_BODY_BYTES, ServerLimits
 
@@ -49,8 +48,12 @@ class RayServeOptions(BaseModel):
     replicas: int = Field(1, ge=1, description="replicas of the API, each with its own models and decode loops")
     replica_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each replica (num_cpus)")
     threads: int | None = Field(None, ge=1, description="threads per forward pass (None: replica_cpus, at least 1)")
-    models_root: str | None = Field(None, description="folder of model folders (None: the shipped models)")
-    model_dirs: tuple[str, ...] = Field((), description="more model folders: NAME=PATH or PATH")
+    models: tuple[str, ...] = Field(
+        (), description="shipped model names or model folders, the first the default (none: shakespeare)"
+    )
+    served_model_names: tuple[str, ...] | None = Field(None, description="the name each of `models` is served as")
+    models_root: str | None = Field(None, description="serve every model folder under this folder too")
+    model_dirs: tuple[str, ...] = Field((), description="more models after `models`: NAME=PATH or PATH")
     backend: str = Field(DEFAULT_BACKEND, description="the backend of a request that names none")
     max_batch: int = Field(
         DEFAULT_MAX_BATCH, ge=1, description="requests each replica runs at once, over all its models"
@@ -79,13 +82,11 @@ class RayServeOptions(BaseModel):
         return self.threads or max(1, int(self.replica_cpus))
 
     def registry(self) -> ModelRegistry:
-        """One replica's models (nothing loaded yet); ValueError when there are none."""
-        root = self.models_root or MODELS_DIR
-        if not self.model_dirs and not discover(root):  # (ModelRegistry would only say that it has no names)
-            raise ValueError(f"no model folder found under {root}, and no model_dirs")
-        return ModelRegistry.discover(
-            self.model_dirs, root, expected=(), threads=self.replica_threads, max_batch=self.max_batch,
-            max_queue=self.max_queue, generation_config=self.generation_config,
+        """One replica's models (nothing loaded yet): `ModelRegistry.serving`; ValueError for a missing one."""
+        return ModelRegistry.serving(
+            (*self.models, *self.model_dirs), self.served_model_names, self.models_root, threads=self.replica_threads,
+            max_batch=self.max_batch, max_queue=self.max_queue,
+            generation_config=self.generation_config,
         )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from ..generation.folder_defaults import check_mode, read_generation_defaults
 from ..generation.requests import Request
 from ..generation.runner import torch_runner
 from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, Scheduler
-from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
+from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, model_path, read_config
 from ..onnx_contract import onnx_path
 
 logger = logging.getLogger(__name__)
@@ -48,11 +48,46 @@ def parse_model_dir(spec: str) -> tuple[str, Path]:
     if not sep or not _NAME_RE.match(name):
         name, path = Path(spec).name, spec
     folder = Path(path).expanduser()
+    if not folder.exists():
+        raise ValueError(f"--model-dir {spec!r}: the folder {folder} does not exist")
     if not is_model_folder(folder):
         raise ValueError(f"--model-dir {spec!r}: {folder} is not a model folder (no config.json in it)")
     if not _NAME_RE.match(name):
         raise ValueError(f"--model-dir {spec!r}: cannot name a model {name!r}; write NAME=PATH")
     return name, folder
+
+
+def model_folders(models: Iterable[str], served_names: Sequence[str] | None = None) -> dict[str, Path]:
+    """What a server is asked to serve, in order: each of `models` a shipped model's name, a model folder (named after
+    it) or `NAME=PATH` (`parse_model_dir`), each renamed by `served_names` (`--served-model-name`: one per model)."""
+    models = list(models)
+    if served_names is not None and len(served_names) != len(models):
+        raise ValueError(
+            f"--served-model-name gives one name per model: {len(models)} model(s) {models}, "
+            f"{len(served_names)} name(s) {list(served_names)}"
+        )
+    folders: dict[str, Path] = {}
+    for i, spec in enumerate(models):
+        if "=" in spec and _NAME_RE.match(spec.partition("=")[0]):
+            name, folder = parse_model_dir(spec)
+        else:
+            folder = model_path(spec)  # a shipped name or a folder; a clear error for a missing one
+            name = folder.resolve().name  # a shipped model's name is its folder's
+        name = served_names[i] if served_names is not None else name
+        if not _NAME_RE.match(name):
+            raise ValueError(f"cannot serve a model as {name!r}: a name is letters, digits, '.', '_' and '-'")
+        if name in folders:
+            raise ValueError(f"two models are served as {name!r}: give each its own --served-model-name")
+        folders[name] = folder
+    return folders
+
+
+def _models_under(root: Path) -> dict[str, Path]:
+    """`gpt_serve.models.discover(root)`, its error naming the flag."""
+    try:
+        return discover(root)
+    except ValueError:
+        raise ValueError(f"--models-root {root} is not a directory") from None
 
 
 def _last_val_loss(path: Path) -> float | None:
@@ -88,6 +123,7 @@ class ModelRegistry:
         max_batch: the most requests each (model, backend) decodes at once; `max_queue`: the most waiting.
         generation_config: "auto": a request's defaults are its model folder's `generation_config.json`
             (`gpt_serve.generation.folder_defaults`); "vllm": the request specification's own.
+        default: the default model (`default_model`; None: the shipped default if present, else the first).
     """
 
     def __init__(
@@ -98,9 +134,13 @@ class ModelRegistry:
         max_batch: int = DEFAULT_MAX_BATCH,
         max_queue: int = DEFAULT_MAX_QUEUE,
         generation_config: str = "auto",
+        default: str | None = None,
     ):
         if not folders:
             raise ValueError("a ModelRegistry needs at least one model name")
+        if default is not None and default not in folders:
+            raise ValueError(f"the default model {default!r} is not one of {list(folders)}")
+        self.default = default
         self.folders = {name: (Path(f) if f is not None else None) for name, f in folders.items()}
         self.threads = threads
         self.models_root = Path(models_root)  # where a missing named model was looked for
@@ -123,13 +163,8 @@ class ModelRegistry:
     ) -> ModelRegistry:
         """The models under `models_root` (`gpt_serve.models.discover`), then `expected` names that are missing
         (listed as unavailable), then the `model_dirs` (`NAME=PATH` or `PATH`), which win on a name clash."""
-        folders: dict[str, Path | None] = {}
         root = Path(models_root) if models_root is not None else None
-        if root is not None:
-            try:
-                folders.update(discover(root))
-            except ValueError:
-                raise ValueError(f"--models-root {root} is not a directory") from None
+        folders: dict[str, Path | None] = {**_models_under(root)} if root is not None else {}
         for name in expected:
             folders.setdefault(name, None)
         for spec in model_dirs:
@@ -138,6 +173,27 @@ class ModelRegistry:
         order = {name: i for i, name in enumerate(EXPECTED_MODELS)}
         names = sorted(folders, key=lambda n: (order.get(n, len(order)), n))
         return cls({n: folders[n] for n in names}, threads=threads, models_root=root or MODELS_DIR, **limits)
+
+    @classmethod
+    def serving(
+        cls,
+        models: Iterable[str] = (),
+        served_names: Sequence[str] | None = None,
+        models_root: str | Path | None = None,
+        threads: int | None = 1,
+        **limits,
+    ) -> ModelRegistry:
+        """What `gpt-serve serve MODEL ...` serves: the models under `models_root` when given, then `models`
+        (`model_folders`), which win on a name clash; the shipped default alone when neither names any. The first
+        of `models` is the default model."""
+        named = model_folders(models, served_names)
+        if models_root is None:
+            folders = named or {DEFAULT_MODEL: MODELS_DIR / DEFAULT_MODEL}
+            return cls(folders, threads=threads, default=next(iter(folders)), **limits)
+        folders = {**_models_under(Path(models_root)), **named}
+        if not folders:
+            raise ValueError(f"no model folder found under {models_root} (--models-root)")
+        return cls(folders, threads=threads, models_root=models_root, default=next(iter(named), None), **limits)
 
     # ---- names and availability (never loads anything) ----
 
@@ -154,6 +210,8 @@ class ModelRegistry:
         if preferred is not None:
             self.folder(preferred)  # raises a clear error for an unknown or missing name
             return preferred
+        if self.default is not None:
+            return self.default
         if DEFAULT_MODEL in self.available:
             return DEFAULT_MODEL
         return (self.available or self.names)[0]

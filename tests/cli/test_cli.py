@@ -52,6 +52,7 @@ CASES = {  # command: (packages not installed, the start of its one line)
     "ladder --help": ("torch", "gpt-serve ladder needs the 'train' extra (cannot import torch): "),
     "export --help": ("onnx,onnxscript", "gpt-serve export needs the 'export' extra (cannot import onnx): "),
     "demo --backend onnx-int8": ("gradio,torch", "gpt-serve demo needs the 'demo' extra (cannot import gradio): "),
+    "space ladder-a out": ("torch,transformers", "gpt-serve space needs PyTorch and transformers, "),
 }
 
 

@@ -135,3 +135,26 @@ def test_the_folders_generation_config_is_the_default(tiny_model_dir, tmp_path, 
     assert main(["generate", str(folder), "--prompt", "ROMEO:"]) == 2
     captured = capsys.readouterr()
     assert f"{path}: top_p must be a number in (0, 1], got 3" in captured.err and captured.out == ""
+
+
+def test_the_model_is_positional_or_given_with_model(tiny_model_dir, capsys):
+    """`gpt-serve generate MODEL` and `--model MODEL` (vLLM's and transformers' spelling) are one argument."""
+    args = ["--prompt", "ROMEO:", "--max-new-tokens", "8", "--seed", "1"]
+    assert main(["generate", str(tiny_model_dir), *args]) == 0
+    positional = capsys.readouterr().out
+    assert main(["generate", "--model", str(tiny_model_dir), *args]) == 0
+    assert capsys.readouterr().out == positional
+    assert main(["generate", "ladder-a", "--model", str(tiny_model_dir), *args]) == 2
+    assert f"two models given: MODEL 'ladder-a' and --model '{tiny_model_dir}'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("runs/my-modle", "the model folder 'runs/my-modle' does not exist"),
+        ("shakespear", "unknown model 'shakespear'"),
+    ],
+)
+def test_a_mistyped_folder_is_missing_a_mistyped_name_unknown(capsys, model, message):
+    assert main(["generate", model, "--max-new-tokens", "3"]) == 2
+    assert message in capsys.readouterr().err

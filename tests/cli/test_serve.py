@@ -52,3 +52,53 @@ def test_serve_preloads_the_default_model_unless_told_not_to(models_root, monkey
         assert f"gpt-serve serve: {model}/torch loaded and warmed up in " in err
     else:
         assert created["schedulers"] == {} and "warmed up" not in err
+
+
+def test_vllm_spellings_are_aliases_of_ours():
+    from gpt_serve.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["serve", "--max-num-seqs", "3"]).max_batch == parse(["serve", "--max-batch", "3"]).max_batch == 3
+    origins = parse(["serve", "--allowed-origins", '["https://a.example", "http://127.0.0.1:8080"]',
+                     "--allow-origin", "https://b.example"]).allow_origin  # fmt: skip
+    assert origins == ["https://a.example", "http://127.0.0.1:8080", "https://b.example"]
+    args = parse(["serve", "ladder-a", "runs/x", "--served-model-name", "a", "x"])
+    assert (args.models, args.served_model_name) == (["ladder-a", "runs/x"], ["a", "x"])
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("*", "'*' is not accepted: name each origin"),
+        ('["*"]', "'*' is not accepted"),
+        ("https://example.org/", "'https://example.org/' is not an origin: scheme://host[:port], no path"),
+        ("example.org", "'example.org' is not an origin"),
+        ('["https://a.example", 3]', "must be an origin or a JSON list of origins (strings)"),
+        ('["https://a.example"', "not a JSON list of origins"),
+    ],
+)
+def test_a_bad_origin_is_a_usage_error(capsys, value, message):
+    from gpt_serve.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["serve", "--allowed-origins", value])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_serve_preloads_the_first_model_it_is_given(tiny_model_dir, monkeypatch, capsys):
+    """`gpt-serve serve FOLDER`: that model alone, preloaded (never shakespeare)."""
+    import gpt_serve.serving.limits
+    from tests.helpers import free_port
+
+    monkeypatch.setattr(gpt_serve.serving.limits, "run_server", lambda *args: None)
+    assert main(["serve", str(tiny_model_dir), "--port", str(free_port()), "--threads", "1"]) == 0
+    err = capsys.readouterr().err
+    assert f"{tiny_model_dir.name}/torch loaded and warmed up" in err
+    assert f"models ['{tiny_model_dir.name}'] on http://127.0.0.1:" in err
+
+
+def test_a_mistyped_folder_is_named_as_missing(capsys):
+    from tests.helpers import free_port
+
+    assert main(["serve", "runs/my-modle", "--port", str(free_port())]) == 2
+    assert "the model folder 'runs/my-modle' does not exist" in capsys.readouterr().err

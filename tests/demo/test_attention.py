@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from demo.attention import (
-    COLORMAP,
     EARLIER,
     VIEW_POSITIONS,
     axis_text,
+    colormap,
     colour_index,
     prompt_attention,
     render_heads,
@@ -47,7 +47,7 @@ def test_a_map_per_head_its_cells_coloured_and_titled_by_weight():
     assert len(shown) == 6 * 15 and view.count("<b></b>") == 6 * 10  # lower triangle visible, the rest masked
     first_head = np.asarray(weights[0])[np.tril_indices(5)]
     assert [title for _, title in shown[:15]] == [f"{w:.3f}".lstrip("0") for w in first_head]
-    assert [colour for colour, _ in shown[:15]] == list(COLORMAP[colour_index(first_head)])
+    assert [colour for colour, _ in shown[:15]] == list(colormap()[colour_index(first_head)])
     with pytest.raises(ValueError, match="shape \\(n_head, T, T\\)"):
         render_heads(weights[0], "ab\n c")
     with pytest.raises(ValueError, match="chars must be the 5 characters"):

@@ -9,7 +9,7 @@ from demo.cli import build_parser
     "args, message",
     [
         (["--threads", "0"], "--threads: must be an integer in [1, "),
-        (["--concurrency", "-2"], "--concurrency: must be an integer >= 1, got -2"),
+        (["--concurrency", "-2"], "--concurrency/--max-num-seqs: must be an integer >= 1, got -2"),
         (["--port", "70000"], "--port: must be a TCP port in [1, 65535], got 70000"),
         (["--port", "-1"], "--port: must be a TCP port in [1, 65535], got -1"),
         (["--max-body-bytes", "0"], "--max-body-bytes: must be an integer >= 1, got 0"),
@@ -39,3 +39,41 @@ def test_a_busy_port_is_named_before_any_model_loads(capsys):
     err = capsys.readouterr().err
     assert f"cannot serve on 127.0.0.1:{port}" in err and f'make demo DEMO_ARGS="--port {port + 1}"' in err
     assert time.perf_counter() - start < 5  # nothing was loaded
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "address"),
+    [
+        ([], {}, ("127.0.0.1", 7860)),
+        ([], {"GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SERVER_PORT": "7861"}, ("0.0.0.0", 7861)),
+        (["--host", "127.0.0.2", "--port", "8080"], {"GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SERVER_PORT": "7861"},
+         ("127.0.0.2", 8080)),
+    ],
+)  # fmt: skip
+def test_the_demo_listens_where_gradios_variables_say_unless_the_flags_do(monkeypatch, flags, env, address):
+    """Hugging Face Spaces set GRADIO_SERVER_NAME / GRADIO_SERVER_PORT; --host / --port win when given."""
+    from demo.cli import bind_address
+
+    for name in ("GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(flags)
+    assert bind_address(args.host, args.port) == address
+
+
+def test_a_bad_gradio_port_variable_is_named(monkeypatch, capsys):
+    from demo.cli import main
+
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "http")
+    assert main([]) == 2
+    assert "$GRADIO_SERVER_PORT must be a TCP port in [1, 65535], got 'http'" in capsys.readouterr().err
+
+
+def test_the_demo_takes_its_models_as_gpt_serve_serve_does(models_root):
+    from demo.cli import demo_registry
+
+    named = demo_registry(build_parser().parse_args(["ladder-b", str(models_root / "tiny"), "--threads", "1"]))
+    assert named.names == ["ladder-b", "tiny"] and named.default_model() == "ladder-b"
+    shipped = demo_registry(build_parser().parse_args(["--models-root", str(models_root), "--threads", "1"]))
+    assert "ladder-e" in shipped.names and "ladder-e" not in shipped.available  # the ladder listed when missing

@@ -254,7 +254,9 @@ def test_a_second_ctrl_c_cuts_the_apis_streams_and_the_demo_still_drains(models_
     [
         (["--model", "nope"], "unknown model 'nope'"),
         (["--model", "ladder-c"], "model 'ladder-c' is not available"),
-        (["--model-dir", "/nonexistent/folder"], "is not a model folder"),
+        (["--model-dir", "/nonexistent/folder"], "the model folder '/nonexistent/folder' does not exist"),
+        (["/nonexistent/folder"], "the model folder '/nonexistent/folder' does not exist"),
+        (["/"], "/ is a folder but not a model folder: it has no config.json"),
     ],
 )
 def test_cli_rejects_bad_models_clearly(models_root, capsys, argv, message):
@@ -264,11 +266,14 @@ def test_cli_rejects_bad_models_clearly(models_root, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-def test_cli_defaults_bind_localhost_only():
-    from demo.cli import build_parser
+def test_cli_defaults_bind_localhost_only(monkeypatch):
+    from demo.cli import bind_address, build_parser
 
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
     args = build_parser().parse_args([])
-    assert (args.host, args.port, args.share, args.backend, args.concurrency) == ("127.0.0.1", 7860, False, "torch", 16)
+    assert bind_address(args.host, args.port) == ("127.0.0.1", 7860)
+    assert (args.share, args.backend, args.concurrency) == (False, "torch", 16)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--port", "70000"])
 

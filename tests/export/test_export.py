@@ -238,7 +238,7 @@ def test_cli_fails_above_the_int8_threshold_and_writes_nothing(tmp_path, tiny_mo
 
 def test_cli_usage_errors(tmp_path, tiny_model_dir, capsys):
     assert main([str(tmp_path / "missing"), "--no-quantize"]) == 2
-    assert "unknown model" in capsys.readouterr().err
+    assert f"the model folder '{tmp_path / 'missing'}' does not exist" in capsys.readouterr().err
     assert main([str(tmp_path)]) == 2  # named before the validation text is looked for (no download attempt)
     assert f"{tmp_path} is a folder but not a model folder: it has no config.json" in capsys.readouterr().err
     assert main([str(tiny_model_dir), "--data", str(tmp_path / "nope.txt")]) == 2

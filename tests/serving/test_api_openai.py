@@ -212,6 +212,36 @@ def test_cors_is_opt_in_for_the_named_origins(server):
     assert other.headers.get("access-control-allow-origin") is None
 
 
+# What the official OpenAI JS SDK asks a preflight for (openai 6), in a browser's spelling of the request
+SDK_HEADERS = (
+    "authorization,content-type,x-stainless-arch,x-stainless-lang,x-stainless-os,x-stainless-package-version,"
+    "x-stainless-retry-count,x-stainless-runtime,x-stainless-runtime-version,x-stainless-timeout"
+)
+
+
+def test_a_preflight_allows_the_headers_an_sdk_asks_for_from_an_allowed_origin_only(server):
+    _, url, _ = server
+    asks = {"Origin": "https://page.example", "Access-Control-Request-Method": "POST"}
+    sdk_asks = {**asks, "Access-Control-Request-Headers": SDK_HEADERS}
+    answer = httpx.options(url + "/v1/chat/completions", headers=sdk_asks)
+    allowed = answer.headers["access-control-allow-headers"].split(", ")
+    assert answer.status_code == 204 and allowed == SDK_HEADERS.split(",")
+    assert {"origin", "access-control-request-headers"} <= set(answer.headers["vary"].lower().split(", "))
+    # asked for nothing: what a plain fetch with a key and JSON needs; a name that is no header name is left out
+    assert httpx.options(url + "/v1/models", headers=asks).headers["access-control-allow-headers"] == (
+        "authorization, content-type"
+    )
+    odd_asks = {**asks, "Access-Control-Request-Headers": "X-Ok, bad header,,x(y)"}
+    odd = httpx.options(url + "/v1/models", headers=odd_asks)
+    assert odd.headers["access-control-allow-headers"] == "authorization, content-type, x-ok"
+    other = httpx.options(url + "/v1/chat/completions", headers={**sdk_asks, "Origin": "https://evil.example"})
+    assert other.status_code == 204 and "access-control-allow-headers" not in other.headers
+    # what the preflight allows still needs the key
+    sdk = {name: "1" for name in SDK_HEADERS.split(",")[2:]}
+    refused = httpx.get(url + "/v1/models", headers={"Origin": "https://page.example", **sdk})
+    assert refused.status_code == 401
+
+
 def test_metrics_a_dashboard_plots(server):
     client, url, _ = server
     client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=5, extra_body={"backend": "torch"})

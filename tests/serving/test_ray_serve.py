@@ -80,7 +80,9 @@ def test_a_local_instance_must_have_the_cpus_the_replicas_ask_for():
 
 
 def test_each_replica_finds_the_models_on_its_machine(models_root, tmp_path):
-    assert "shakespeare" in RayServeOptions().registry().available  # default: the shipped models
+    assert RayServeOptions().registry().available == ["shakespeare"]  # default: the shipped default alone
+    named = RayServeOptions(models=("ladder-a", str(models_root / "tiny")), served_model_names=("a", "t"))
+    assert named.registry().available == ["a", "t"] and named.registry().default_model() == "a"
     assert RayServeOptions(models_root=str(models_root)).registry().available == ["ladder-a", "ladder-b", "tiny"]
     with pytest.raises(ValueError, match=f"no model folder found under {tmp_path}"):
         RayServeOptions(models_root=str(tmp_path)).registry()

@@ -121,3 +121,43 @@ def test_pytorch_models_load_and_decode_on_one_thread_onnx_on_their_own(models_r
     finally:
         registry.close()
     assert torch_a.closed and onnx_a.closed
+
+
+def test_a_server_serves_the_models_it_is_given_the_first_the_default(models_root, tiny_model_dir):
+    """`gpt-serve serve MODEL ...`: names and folders in order, renamed by --served-model-name; none: shakespeare."""
+    from gpt_serve.models import MODELS_DIR
+
+    alone = ModelRegistry.serving()
+    assert alone.names == ["shakespeare"] and alone.folder("shakespeare") == MODELS_DIR / "shakespeare"
+    given = ModelRegistry.serving([str(tiny_model_dir), "ladder-a", f"mine={tiny_model_dir}"])
+    assert given.names == [tiny_model_dir.name, "ladder-a", "mine"]
+    assert given.default_model() == tiny_model_dir.name and given.folder("ladder-a") == MODELS_DIR / "ladder-a"
+    renamed = ModelRegistry.serving(["ladder-a", str(tiny_model_dir)], ["stage-a", "tiny-one"])
+    assert renamed.names == ["stage-a", "tiny-one"] and renamed.folder("tiny-one") == tiny_model_dir
+    rooted = ModelRegistry.serving(["ladder-e"], models_root=models_root)
+    assert rooted.names == ["ladder-a", "ladder-b", "tiny", "ladder-e"] and rooted.default_model() == "ladder-e"
+    assert ModelRegistry.serving(models_root=models_root).default_model() == "ladder-a"
+
+
+@pytest.mark.parametrize(
+    ("models", "served", "message"),
+    [
+        (["runs/my-modle"], None, "the model folder 'runs/my-modle' does not exist"),
+        (["./my-modle"], None, "the model folder './my-modle' does not exist"),
+        (["shakespear"], None, "unknown model 'shakespear': shipped models are \\['shakespeare', "),
+        (["mine=/no/such/folder"], None, "--model-dir 'mine=/no/such/folder': the folder /no/such/folder does not"),
+        (["ladder-a", "ladder-b"], ["one"], "--served-model-name gives one name per model: 2 model\\(s\\)"),
+        (["ladder-a"], ["a b"], "cannot serve a model as 'a b'"),
+        (["ladder-a", "ladder-a"], None, "two models are served as 'ladder-a': give each its own --served-model"),
+    ],
+)
+def test_what_a_server_cannot_serve_is_named(models, served, message):
+    with pytest.raises(ValueError, match=message):
+        ModelRegistry.serving(models, served)
+
+
+def test_a_models_root_without_models_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match=f"no model folder found under {tmp_path} \\(--models-root\\)"):
+        ModelRegistry.serving(models_root=tmp_path)
+    with pytest.raises(ValueError, match=f"--models-root {tmp_path / 'none'} is not a directory"):
+        ModelRegistry.serving(models_root=tmp_path / "none")

@@ -48,7 +48,7 @@ def session_options(threads: int | None = None, int8_compute: bool = True) -> or
     """SessionOptions for decoding: all graph optimizations, `threads` intra-op threads (None: ORT's default, one per
     physical core), one inter-op thread (the graph is a chain; parallel branches do not pay).
 
-    The int8 file's weights are int8, each read through a `DequantizeLinear` (`export.onnx_export.quantize_int8`).
+    The int8 file's weights are int8, each read through a `DequantizeLinear` (`export.graph_rewrites.quantize_int8`).
     With `int8_compute` ONNX Runtime fuses each into a `MatMulNBits` that keeps the weights int8 in memory and
     multiplies them by activations quantized per block of 32 values of a row (rows stay independent); without it,
     it folds them into fp32 weights once, at load, and runs fp32 MatMuls: the arithmetic of the fp32 graph, and of

@@ -8,6 +8,8 @@ serve`'s app, or the demo's, which has started before the API is added to it. (`
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
@@ -17,11 +19,13 @@ from ..protocol import APIError
 from .errors import error_response
 from .state import APIState, APIStateDep, bind_state
 
-CORS_HEADERS = {
-    "access-control-allow-methods": "GET, POST",
-    "access-control-allow-headers": "authorization, content-type",
-    "access-control-max-age": "600",
-}
+CORS_HEADERS = {"access-control-allow-methods": "GET, POST", "access-control-max-age": "600"}
+# The request headers a preflight allows when it names none: what a plain `fetch` with a key and JSON sends
+BASE_ALLOWED_HEADERS = ("authorization", "content-type")
+# A header name as HTTP spells it (RFC 9110's token), and the most a preflight may ask for: an SDK's headers (the
+# OpenAI SDKs' `x-stainless-*`, `openai-organization`, ...) are allowed by echoing them, never anything else
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+MAX_REQUESTED_HEADERS = 64
 PREFLIGHT_PATHS = ("/v1/{path:path}", "/tokenize", "/detokenize", "/version", "/health", "/metrics")
 
 
@@ -42,7 +46,7 @@ def guarded_route(state: APIState, api_key: str | None) -> type[APIRoute]:
                 origin = http.headers.get("origin")
                 if origin is not None and origin in state.allow_origins:
                     response.headers["access-control-allow-origin"] = origin
-                    response.headers["vary"] = "Origin"
+                    response.headers.add_vary_header("Origin")
                 return response
 
             return route
@@ -51,9 +55,23 @@ def guarded_route(state: APIState, api_key: str | None) -> type[APIRoute]:
 
 
 def preflight(http: Request, state: APIStateDep):
-    """A browser's CORS preflight (it sends no API key): the allowed methods and headers, for a named origin."""
-    allowed = http.headers.get("origin") in state.allow_origins
-    return Response(status_code=204, headers=CORS_HEADERS if allowed else {})
+    """A browser's CORS preflight (it sends no API key): for a named origin, the allowed methods, and as allowed
+    headers those it asks for (`Access-Control-Request-Headers`, each a valid header name) with `authorization` and
+    `content-type`; for any other origin, none. What is allowed still needs the key."""
+    if http.headers.get("origin") not in state.allow_origins:
+        return Response(status_code=204)
+    headers = {**CORS_HEADERS, "access-control-allow-headers": ", ".join(allowed_headers(http))}
+    response = Response(status_code=204, headers=headers)
+    response.headers.add_vary_header("Access-Control-Request-Headers")  # and `Origin`, by the route class
+    return response
+
+
+def allowed_headers(http: Request) -> list[str]:
+    """`BASE_ALLOWED_HEADERS` and the header names the preflight asks for, lower-cased, once each; a name that is
+    not a header name, or past `MAX_REQUESTED_HEADERS`, is left out (the browser then refuses the request)."""
+    asked = [name.strip().lower() for name in http.headers.get("access-control-request-headers", "").split(",")]
+    valid = [name for name in asked if _HEADER_NAME.match(name)][:MAX_REQUESTED_HEADERS]
+    return list(dict.fromkeys((*BASE_ALLOWED_HEADERS, *valid)))
 
 
 preflight_router = APIRouter()

@@ -320,7 +320,7 @@ def test_onnx_file_without_metadata_is_refused(tmp_path, exported_dir):
 def test_bad_constructor_arguments(exported_dir, tmp_path):
     with pytest.raises(ValueError, match="threads"):
         OnnxBackend(exported_dir, threads=0)
-    with pytest.raises(ValueError, match="unknown model"):
+    with pytest.raises(ValueError, match="the model folder '.*nowhere' does not exist"):
         OnnxBackend(tmp_path / "nowhere")
 
 
