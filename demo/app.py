@@ -43,7 +43,7 @@ from .captions import PENDING_CAPTION, example_prompts, intro, page_title, range
 from .comparison import Comparison
 from .form import FORM
 from .generation import Activity, Limits
-from .handlers import FIELDS, DemoHandlers
+from .handlers import FIELDS, SAMPLING_SLIDERS, DemoHandlers
 
 # A fresh ticket for each run started from the page; its Stop sends the ticket back (see `StopRequests`). A run also
 # enables its Stop (`DemoHandlers.ui_generate_ended` / `ui_compare_ended` disable it again) and clears what the page
@@ -344,6 +344,9 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
             show_progress_on=ui.model,
             **private,
         )
+    sliders = [getattr(ui, name) for name in SAMPLING_SLIDERS]
+    for trigger in (ui.model.change, demo.load):  # the sampling of the model chosen (its generation_config.json)
+        trigger(handlers.ui_model_sampling, [ui.model], sliders, queue=False, show_progress="hidden", **private)
     ui.model.change(  # the examples (and an untouched default prompt) of the model chosen
         handlers.ui_model_prompts, [ui.model, ui.prompt], [ui.examples, ui.prompt], queue=False,
         show_progress="hidden", **private,

@@ -22,6 +22,7 @@ import sys
 import time
 
 from gpt_serve.cli.flags import (
+    add_generation_config_argument,
     add_progress_argument,
     max_tokens_limit,
     non_negative_float,
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_BATCH,
         help=f"generations running at once, batched per model and backend (default {DEFAULT_MAX_BATCH})",
     )
+    add_generation_config_argument(p)
     p.add_argument(
         "--max-new-tokens-limit",
         type=max_tokens_limit,
@@ -160,10 +162,11 @@ def demo_registry(args):
     from gpt_serve.serving.registry import ModelRegistry
 
     named, served = models_named(args), served_model_names(args)
+    limits = dict(threads=args.threads, max_batch=args.concurrency, generation_config=args.generation_config)
     if named or served is not None:
-        return ModelRegistry.serving(named, served, args.models_root, threads=args.threads, max_batch=args.concurrency)
+        return ModelRegistry.serving(named, served, args.models_root, **limits)
     root = args.models_root if args.models_root is not None else MODELS_DIR
-    return ModelRegistry.discover((), root, threads=args.threads, max_batch=args.concurrency)
+    return ModelRegistry.discover((), root, **limits)
 
 
 def seconds_since_process_start() -> float | None:

@@ -107,9 +107,12 @@ class Activity:
 def parse_request(registry: ModelRegistry, limits: Limits, form: Mapping[str, object]) -> GenerationRequest:
     """Checks what a user (UI or API) sent, the parameters of `DemoHandlers.generate` by name, with the request
     specification's parser (the same messages as every other surface); the model name must be one of `registry`'s.
+    A field sent as None gets the model folder's default (its generation_config.json, `registry.generation_defaults`).
     Raises `RequestError`. Does not load any model."""
-    request = parse_spec(form, max_new_tokens_limit=limits.max_new_tokens)
-    return replace(request, model=registry.resolve_model(request.model))
+    model = registry.resolve_model(form.get("model"))
+    defaults = registry.generation_defaults(model)
+    request = parse_spec(form, max_new_tokens_limit=limits.max_new_tokens, defaults=defaults)
+    return replace(request, model=model)
 
 
 class StopRequests:

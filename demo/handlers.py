@@ -21,7 +21,7 @@ import gradio as gr
 from gpt_serve.chargpt.vocab import UNK_POLICIES
 from gpt_serve.chargpt.window import DEFAULT_WINDOW_MODE
 from gpt_serve.generation import BACKENDS, WINDOW_MODES
-from gpt_serve.generation.fields import FIELDS_BY_NAME, MAX_PROMPT_CHARS
+from gpt_serve.generation.fields import MAX_PROMPT_CHARS
 from gpt_serve.serving.registry import ModelRegistry, RequestError
 
 from .attention import prompt_attention, render_heads
@@ -42,6 +42,7 @@ from .generation import (
 
 logger = logging.getLogger(__name__)
 
+SAMPLING_SLIDERS = ("max_new_tokens", "temperature", "top_k", "top_p")  # set to a model's defaults when it is chosen
 PAGE_UNK_HINT = FORM["unk_policy"]["hint"]  # how the page accepts characters outside the vocabulary (`demo.form`)
 ATTENTION_CACHE = 8  # attention views kept for the layer selector (each at most n_layer x n_head x T x T floats)
 
@@ -130,10 +131,10 @@ class DemoHandlers:
     def generate(
         self,
         prompt: str,
-        max_new_tokens: int = FIELDS_BY_NAME["max_new_tokens"].default,
-        temperature: float = FIELDS_BY_NAME["temperature"].default,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
         top_k: int | None = None,
-        top_p: float = 1.0,
+        top_p: float | None = None,
         seed: int | None = None,
         backend: str | None = None,
         model: str | None = None,
@@ -144,9 +145,10 @@ class DemoHandlers:
 
         Args:
             prompt: the text to continue, in the model's characters (see unk_policy for the others).
-            max_new_tokens: how many characters to generate (1 to the server's limit).
+            max_new_tokens: how many characters to generate (1 to the server's limit); None for the model's default
+                (its folder's generation_config.json), as for the three below.
             temperature: sampling temperature; 0 is greedy (always the most likely character).
-            top_k: sample among the k most likely characters only; None or 0 for all of them.
+            top_k: sample among the k most likely characters only; 0 for all of them.
             top_p: sample among the most likely characters that together reach this probability; 1 for all.
             seed: the random seed (the same seed and settings give the same text); None or -1 for a random one.
             backend: what runs the model: torch (PyTorch), onnx (ONNX Runtime fp32) or onnx-int8; None for the default.
@@ -285,6 +287,15 @@ class DemoHandlers:
     def ui_model_info(self, model, backend):
         """One line about the selected model, and whether the selected backend can serve it."""
         return model_line(self.registry, model, backend)
+
+    def ui_model_sampling(self, model):
+        """Another model chosen: the sampling sliders at its defaults (its folder's generation_config.json; the form's
+        own where it sets none, or where it cannot be read: a run then says why)."""
+        try:
+            defaults = self.registry.generation_defaults(model)
+        except RequestError:
+            defaults = {}
+        return tuple(defaults.get(name, FORM[name]["default"]) for name in SAMPLING_SLIDERS)
 
     def ui_model_prompts(self, model, prompt):
         """Another model chosen: its sample prompts as the examples (hidden when it records none), and its first

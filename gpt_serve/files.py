@@ -52,6 +52,21 @@ def kind(mode: int) -> str:
     return next((name for test, name in _KINDS.items() if test(mode)), "not a regular file")
 
 
+def read_json_object(path: str | os.PathLike) -> dict | None:
+    """The JSON object in the file at `path`, None when there is no file; a ValueError naming the file when it is
+    not a regular file, unreadable, not JSON, or not an object."""
+    path = check_regular(path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
+        raise ValueError(f"cannot read {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got a {type(data).__name__}")
+    return data
+
+
 def check_regular(path: str | os.PathLike) -> Path:
     """`path`, after a ValueError if something other than a regular file is there (a FIFO, a device, a folder; a
     link is followed and its target judged). A missing path is returned as is: the caller says it is missing."""

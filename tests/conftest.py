@@ -109,9 +109,10 @@ def busy_port():
         yield busy.getsockname()[1]
 
 
-def run_without_gpt_serve(script: str, cwd: Path):
-    """Runs `script` in a fresh Python process that cannot import gpt_serve (as a user of the model folder who
-    has only transformers), offline; returns the CompletedProcess (text stdout and stderr)."""
+def run_without_gpt_serve(script: str, cwd: Path, args: list[str] = ()):
+    """Runs `script` (with `args` as its sys.argv[1:]) in a fresh Python process that cannot import gpt_serve (as a
+    user of the model folder who has only transformers), offline; returns the CompletedProcess (text stdout and
+    stderr)."""
     import os
     import subprocess
     import sys
@@ -129,7 +130,7 @@ def run_without_gpt_serve(script: str, cwd: Path):
     """)
     env = {**os.environ, "HF_HOME": str(cwd / "hf"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": "", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-c", blocker + textwrap.dedent(script)],
+        [sys.executable, "-c", blocker + textwrap.dedent(script), *args],
         cwd=cwd,
         env=env,
         capture_output=True,

@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import torch
 import vllm_venv
+from chat_elsewhere import MESSAGES, our_chat, result, script_args, with_stop
+from chat_elsewhere import TOKENS as CHAT_TOKENS
 from conftest import make_tiny_model
 
 from gpt_serve import CharGPTForCausalLM, CharTokenizer
@@ -158,6 +160,30 @@ def test_vllm_does_not_slide_the_window(client):
     assert answer.usage.completion_tokens == 128 - 6 and answer.choices[0].finish_reason == "length"
     with pytest.raises(openai.BadRequestError, match="max_model_len=128"):
         client.completions.create(model="shakespeare", prompt="ROMEO:", max_tokens=200)
+
+
+def test_chat_through_the_folders_template_gives_our_greedy_reply(client, copied):
+    """vLLM renders the copy's chat_template.jinja (our server's prompt: the same prompt token count) and, told where
+    a speech ends (`stop`), answers our server's greedy reply."""
+    prompt, reply, finish_reason = our_chat(copied)
+    answer = client.chat.completions.create(
+        model="shakespeare", messages=MESSAGES, max_tokens=CHAT_TOKENS, temperature=0, stop=["\n\n"]
+    )
+    assert answer.usage.prompt_tokens == len(prompt)
+    assert answer.choices[0].message.content == reply and answer.choices[0].finish_reason == finish_reason
+
+
+def test_transformers_in_vllms_venv_chats_with_the_copy(vllm_python, copied, tmp_path):
+    """A venv with transformers and torch but no gpt-serve (vLLM's): `apply_chat_template` and `pipeline` chat as our
+    server does."""
+    prompt, reply, finish_reason = our_chat(copied)
+    done = subprocess.run(
+        [str(vllm_python), *script_args(copied)], env=vllm_venv.env(threads=1), cwd=tmp_path, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = result(done.stdout)
+    assert got["prompt"] == prompt and got["reply"]["content"] == with_stop(reply, finish_reason)
 
 
 # --- the offline engine over the other folders ------------------------------------------------------------------

@@ -17,6 +17,7 @@ import os
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizer
 
+from .chat_format import ChatFormat, chat_template, default_format, format_for_text
 from .vocab import FAST_TOKENIZER_FILE_NAME, UNK_POLICIES, VOCAB_FILE_NAME, CharVocab
 
 PAD_TOKEN = "<pad>"
@@ -59,6 +60,10 @@ class CharTokenizer(PreTrainedTokenizer):
         unk_policy: characters outside the vocabulary: `"error"` (default) raises a `ValueError` naming them and
             their positions; `"drop"` removes them; `"replace"` maps them to `unk_replacement`.
         unk_replacement: the character `"replace"` uses (default: a space).
+        chat_format: the model's chat format (`gpt_serve.chargpt.chat_format.ChatFormat`, or its record as
+            `tokenizer_config.json` holds it; None: no chat; "auto", the default: the play's ROMEO and JULIET where the
+            vocabulary can write them, else none). Its template is
+            the tokenizer's `chat_template` (saved as `chat_template.jinja`); a different one is refused.
     """
 
     vocab_files_names = {"vocab_file": VOCAB_FILE_NAME, "tokenizer_file": FAST_TOKENIZER_FILE_NAME}
@@ -71,6 +76,7 @@ class CharTokenizer(PreTrainedTokenizer):
         chars: list[str] | None = None,
         unk_policy: str = "error",
         unk_replacement: str | None = None,
+        chat_format: ChatFormat | dict | str | None = "auto",
         **kwargs,
     ):
         if (vocab_file is None) == (chars is None):
@@ -86,12 +92,44 @@ class CharTokenizer(PreTrainedTokenizer):
         kwargs.setdefault("pad_token", PAD_TOKEN)
         kwargs.setdefault("padding_side", "left")  # generation pads on the left
         kwargs.setdefault("model_max_length", int(1e30))
-        super().__init__(unk_policy=unk_policy, unk_replacement=self.vocab.unk_replacement, **kwargs)
+        fmt = self._chat_format(chat_format, kwargs)
+        record = None if fmt is None else fmt.record()
+        super().__init__(
+            unk_policy=unk_policy, unk_replacement=self.vocab.unk_replacement, chat_format=record, **kwargs
+        )
+        self.chat_format = record  # what save_pretrained writes into tokenizer_config.json (`ChatFormat.record`)
+
+    def _chat_format(self, chat_format, kwargs: dict) -> ChatFormat | None:
+        """The format `chat_format` names, checked against the vocabulary; its template set as `chat_template`
+        (where the folder gave one, the same is required)."""
+        if chat_format == "auto":
+            chat_format = default_format(self.vocab.chars)
+        if chat_format is None:
+            return None
+        fmt = chat_format if isinstance(chat_format, ChatFormat) else ChatFormat.from_record(chat_format)
+        missing = fmt.missing(self.vocab.chars)
+        if missing:
+            raise ValueError(
+                f"chat_format {fmt.record()} writes characters the vocabulary lacks ({missing!r}); choose speakers "
+                f"in its characters, or chat_format=None for no chat"
+            )
+        template = chat_template(fmt)
+        given = kwargs.get("chat_template")
+        if given is not None and given != template:
+            raise ValueError(
+                "the chat_template (a folder's chat_template.jinja) is not the template of chat_format "
+                f"{fmt.record()} (tokenizer_config.json); write the folder again with save_pretrained"
+            )
+        kwargs["chat_template"] = template
+        return fmt
 
     @classmethod
     def from_corpus(cls, text: str, **kwargs) -> CharTokenizer:
-        """The lesson's vocabulary: every distinct character of `text`, sorted."""
-        return cls(chars=CharVocab.from_text(text).chars, **kwargs)
+        """The lesson's vocabulary: every distinct character of `text`, sorted; the chat format that fits the text
+        (`format_for_text`) unless `chat_format` is given."""
+        chars = CharVocab.from_text(text).chars
+        kwargs.setdefault("chat_format", format_for_text(text, chars))
+        return cls(chars=chars, **kwargs)
 
     @property
     def unk_policy(self) -> str:

@@ -11,6 +11,7 @@ import sys
 
 from ..generation.backends.threads import check_threads
 from ..generation.fields import MAX_NEW_TOKENS
+from ..generation.folder_defaults import GENERATION_CONFIG_MODES
 
 
 def quiet_model_loading(show: bool = False) -> None:
@@ -38,6 +39,17 @@ def add_verbose_and_progress(parser) -> None:
     load a model."""
     parser.add_argument("--verbose", action="store_true", help="the same as --progress")
     add_progress_argument(parser)
+
+
+def add_generation_config_argument(parser) -> None:
+    """`--generation-config auto|vllm`, vLLM's flag: where a request's defaults come from."""
+    parser.add_argument(
+        "--generation-config",
+        choices=GENERATION_CONFIG_MODES,
+        default="auto",
+        help="the defaults of a request that names none (max tokens, temperature, top_k, top_p, repetition "
+        "penalty, min_p): auto, the model folder's generation_config.json; vllm, the built-in ones",
+    )
 
 
 def writer_parser(

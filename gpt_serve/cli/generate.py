@@ -10,10 +10,11 @@ import time
 from ..chargpt.vocab import UNK_POLICIES
 from ..generation import BACKENDS, WINDOW_MODES, load_backend, parse_request
 from ..generation.fields import DEFAULT_BACKEND, FIELDS_BY_NAME
+from ..generation.folder_defaults import read_generation_defaults
 from ..generation.inline import inline_scheduler
 from ..generation.text import TextStream
-from ..models import DEFAULT_MODEL
-from .flags import add_verbose_and_progress, thread_count
+from ..models import DEFAULT_MODEL, model_path
+from .flags import add_generation_config_argument, add_verbose_and_progress, thread_count
 
 # `gpt-serve generate`'s flags that are fields of the request specification (`--max-new-tokens` is max_new_tokens)
 GENERATE_FIELDS = (
@@ -51,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
     prompt = default_prompt(args.model) if prompt is None else prompt
     # every field checked by the request specification before anything loads, as a server checks it
     fields = {name: getattr(args, name) for name in GENERATE_FIELDS}
-    request = parse_request({**fields, "prompt": prompt, "structured_outputs": structured_outputs(args)})
+    defaults = read_generation_defaults(model_path(args.model), args.generation_config)  # the folder's, named
+    request = parse_request(
+        {**fields, "prompt": prompt, "structured_outputs": structured_outputs(args)}, None, defaults
+    )
     loaded = load_backend(args.model, request.backend, args.threads)
     # refuses unknown characters here, naming the flag that accepts them
     text = TextStream(inline_scheduler(loaded.backend), loaded.vocab, request, unk_hint=CLI_UNK_HINT)
@@ -113,6 +117,10 @@ def _default(field: str):
     return FIELDS_BY_NAME[field].default
 
 
+def _help(text: str, field: str) -> str:
+    return f"{text}; none: the folder's generation_config.json, else {_default(field)}"
+
+
 def add_parser(sub) -> None:
     g = sub.add_parser(
         "generate", help="stream text from a model", formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -138,11 +146,16 @@ def add_parser(sub) -> None:
 
 def _add_sampling_arguments(g) -> None:
     """The request's fields but `--backend`: how many characters, how they are drawn, past the window, unknowns."""
-    g.add_argument("--max-new-tokens", type=int, default=_default("max_new_tokens"), help="characters to generate")
-    g.add_argument("--temperature", type=float, default=_default("temperature"), help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=_default("top_k"), help="keep the k most likely characters (0: all)")
-    g.add_argument("--top-p", type=float, default=_default("top_p"), help="nucleus sampling (1 = off)")
-    g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
+    sampling = {
+        "max_new_tokens": (int, "characters to generate"),
+        "temperature": (float, "0 = greedy"),
+        "top_k": (int, "keep the k most likely characters (0: all)"),
+        "top_p": (float, "nucleus sampling (1 = off)"),
+        "repetition_penalty": (float, "> 1 discourages repeats (1 = off)"),
+    }
+    for field, (kind, text) in sampling.items():
+        g.add_argument("--" + field.replace("_", "-"), type=kind, default=None, help=_help(text, field))
+    add_generation_config_argument(g)
     g.add_argument("--seed", type=int, default=None, help="sampling seed (none: random)")
     g.add_argument("--stop", action="append", default=None, help="end the text before this string (up to 4 times)")
     g.add_argument(

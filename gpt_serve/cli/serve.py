@@ -14,7 +14,15 @@ from ..generation.fields import DEFAULT_BACKEND, MAX_NEW_TOKENS
 from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
 from ..models import DEFAULT_MODEL
 from . import server_flags
-from .flags import add_verbose_and_progress, max_tokens_limit, positive_float, positive_int, tcp_port, thread_count
+from .flags import (
+    add_generation_config_argument,
+    add_verbose_and_progress,
+    max_tokens_limit,
+    positive_float,
+    positive_int,
+    tcp_port,
+    thread_count,
+)
 
 PORT_HINT = "another server holds the port? choose another with --port N"  # `gpt-serve serve`, with or without Ray
 
@@ -33,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     server_flags.check_port_free(args.host, args.port, PORT_HINT)
     registry = ModelRegistry.serving(
         server_flags.models_named(args), server_flags.served_model_names(args), args.models_root, threads=args.threads,
-        max_batch=args.max_batch, max_queue=args.max_queue,
+        max_batch=args.max_batch, max_queue=args.max_queue, generation_config=args.generation_config,
     )  # fmt: skip
     if not args.no_preload:  # the first request should not wait for a model to load
         print(f"gpt-serve serve: {registry.preload(args.backend)[1]}", file=sys.stderr)
@@ -86,6 +94,7 @@ def _ray_options(args: argparse.Namespace):
         max_batch=args.max_batch,
         max_queue=args.max_queue,
         max_tokens_limit=args.max_tokens_limit,
+        generation_config=args.generation_config,
         max_body_bytes=limits.max_body_bytes,
         body_timeout=limits.body_timeout,
         preload=not args.no_preload,
@@ -119,6 +128,7 @@ def add_parser(sub) -> None:
         default=MAX_NEW_TOKENS,
         help=f"the largest max_tokens accepted (at most {MAX_NEW_TOKENS})",
     )
+    add_generation_config_argument(s)
     _add_logging_arguments(s)
     add_verbose_and_progress(s)
     server_flags.add_api_arguments(s)

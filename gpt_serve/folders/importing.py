@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from ..chargpt.chat_format import format_for_text
 from ..chargpt.configuration_chargpt import ATTN_SCALES
 from ..chargpt.tokenization_chargpt import CharTokenizer
 from ..chargpt.vocab import CharVocab
@@ -167,10 +168,12 @@ def import_checkpoint(
         if inside:
             raise ValueError(f"--force would delete {inside[0]}, which is inside {out}; choose another output folder")
     imported = convert(source, corpus=corpus, meta=meta, attn_scale=attn_scale)
+    # the chat format that fits the text (the lesson's Tiny Shakespeare without one: the play's, where it fits)
+    chat = "auto" if corpus is None else format_for_text(load_text(corpus), imported.vocab.chars)
 
     def write(folder: Path) -> None:
         imported.model.save_pretrained(folder)
-        CharTokenizer(chars=imported.vocab.chars).save_pretrained(folder)
+        CharTokenizer(chars=imported.vocab.chars, chat_format=chat).save_pretrained(folder)
         (folder / "README.md").write_text(model_card(imported, out.name, command), encoding="utf-8")
         if imported.corpus_record is not None:
             write_corpus_record(folder, imported.corpus_record)

@@ -10,8 +10,9 @@ A copy is meant to be uploaded as it is, so it holds what a model folder is and 
 
 - the model is loaded with every check of `load_backend` (safetensors only, the vocabulary, finite weights) and
   written again: `config.json` (its `auto_map` ours alone), `model.safetensors`, `generation_config.json`, the
-  tokenizer files, and the package's own code files; so are the folder's records, read with their checks: its text
-  (`corpus.json`, without `source`, where the text lies on this machine) and its training step (`step.json`);
+  tokenizer files (with the chat format and its `chat_template.jinja`), and the package's own code files; so are
+  the folder's records, read with their checks: its text (`corpus.json`, without `source`, where the text lies on
+  this machine) and its training step (`step.json`);
 - the card (its "## Use" section rewritten), the training's `loss.png` and `metrics.jsonl`, and the export's files in
   `onnx/` (by name, `gpt_serve.models.ONNX_FILE_NAMES`) are copied byte for byte, when each is a regular file of
   the folder: never a symbolic link (its target may be anywhere: a secret file would be published);
@@ -30,6 +31,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..chargpt.chat_format import read_chat_format
 from ..files import write_file, write_new_folder
 from ..models import MODEL_FILE_NAMES, ONNX_FILE_NAMES, model_path
 from ..onnx_contract import ONNX_SUBDIR
@@ -144,7 +146,9 @@ def write_self_contained(source: str | os.PathLike, out: str | os.PathLike, repl
     loaded = load_backend(folder, "torch")  # every check of a load: safetensors only, vocabulary, finite weights
     model = loaded.backend.pretrained
     model.config.auto_map = {}  # ours alone: save_pretrained writes the entries of the package's classes
-    tokenizer = CharTokenizer(chars=loaded.vocab.chars)  # the folder's vocabulary; no foreign tokenizer_config.json
+    chat = read_chat_format(folder, loaded.vocab.chars)  # its chat format, checked (one it records none of: the play's)
+    # the folder's vocabulary and chat format; no foreign tokenizer_config.json
+    tokenizer = CharTokenizer(chars=loaded.vocab.chars, chat_format=chat)
     corpus, step = read_corpus_record(folder), read_step_record(folder)  # a broken one: a ValueError naming it
     plan = plan_copy(folder)
 

@@ -13,7 +13,8 @@ format. Why each limit is what it is:
 
 - `max_new_tokens` (OpenAI's `max_tokens`) in [1, 100,000]: ten times the lesson's longest generation (10,000
   characters into `more.txt`), a few minutes of one stream on a CPU, so no request runs for hours; a server may
-  lower it (`max_new_tokens_limit`). Default 256 (OpenAI's legacy 16 is a word here).
+  lower it (`max_new_tokens_limit`). Default 256 (OpenAI's legacy 16 is a word here); a served model's folder sets
+  its own defaults of the sampling fields and this one (`folder_defaults`, `parse_request(..., defaults=...)`).
 - `temperature` in [0, 2], `top_p` in (0, 1], `presence_penalty` and `frequency_penalty` in [-2, 2]: the OpenAI
   wire format's ranges; temperature 0 is greedy, and so is any below `sampling.GREEDY_BELOW` (1e-5: dividing by
   5e-324 would make NaN). The penalties count the generated text only, as OpenAI's do.
@@ -149,9 +150,13 @@ def offset_seed(seed: int, index: int) -> int:
     return (seed + index) % (MAX_SEED + 1)
 
 
-def parse_request(values: Mapping[str, Any], max_new_tokens_limit: int | None = None) -> GenerationRequest:
+def parse_request(
+    values: Mapping[str, Any], max_new_tokens_limit: int | None = None, defaults: Mapping[str, Any] | None = None
+) -> GenerationRequest:
     """Checks what a user sent (field names or their aliases, see `FIELDS`); RequestError naming the first bad or
-    unknown field otherwise. `max_new_tokens_limit` is a server's lower limit. Loads nothing."""
+    unknown field otherwise. `max_new_tokens_limit` is a server's lower limit; `defaults` (checked values, a model
+    folder's: `folder_defaults.read_generation_defaults`) replace the specification's for fields not sent (None is
+    not sent); a default `max_new_tokens` over the limit is lowered to it. Loads nothing."""
     if not isinstance(values, Mapping):
         raise RequestError(f"a request must be a mapping of field names to values, got {type(values).__name__}")
     given: dict[str, Any] = {}
@@ -164,6 +169,9 @@ def parse_request(values: Mapping[str, Any], max_new_tokens_limit: int | None = 
             raise RequestError(f"{sent_as[name]} and {key} are the same field: give one of them", name)
         given[name], sent_as[name] = value, key
     seed = given.pop("seed", None)
+    for name, value in (defaults or {}).items():
+        if given.get(name) is None:
+            given[name] = min(value, max_new_tokens_limit or value) if name == "max_new_tokens" else value
     checked = {
         f.name: CHECKS[f.kind](given.get(f.name))
         if f.kind in CHECKS

@@ -31,8 +31,8 @@ MODEL_TYPE = "chargpt"
 # (`gpt_serve.folders.publishing`).
 MODEL_FILE_NAMES = (
     CONFIG_FILE_NAME, WEIGHTS_FILE_NAME, "vocab.json", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "added_tokens.json", "generation_config.json", "README.md", "loss.png", "metrics.jsonl",
-    CORPUS_FILE_NAME,
+    "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "generation_config.json", "README.md",
+    "loss.png", "metrics.jsonl", CORPUS_FILE_NAME,
 )  # fmt: skip
 # What the export writes into `onnx/` (the graphs, and onnxruntime-genai's config and tokenizer files).
 ONNX_FILE_NAMES = (

@@ -13,7 +13,7 @@ from typing import Any
 from ..generation.fields import RequestError, check_value, show_value
 from ..generation.spec import GenerationRequest, check_prompts, parse_request
 from . import chat
-from .registry import ModelRegistry
+from .registry import ModelRegistry, ModelUnavailable
 
 MAX_CHOICES = 16  # n (and best_of): choices a request may ask for, each a row of its own
 # OpenAI fields accepted only at the value that means "off" (what this server does not implement)
@@ -109,11 +109,20 @@ def _common(body: Any, registry: ModelRegistry, wire: tuple[str, ...]) -> tuple[
     return model, {k: v for k, v in body.items() if k not in known}
 
 
-def _parse_fields(fields: dict, prompt: str, limit: int | None) -> GenerationRequest:
+def _parse_fields(fields: dict, prompt: str, limit: int | None, defaults: dict) -> GenerationRequest:
     try:
-        return parse_request({**fields, "prompt": prompt}, max_new_tokens_limit=limit)
+        return parse_request({**fields, "prompt": prompt}, max_new_tokens_limit=limit, defaults=defaults)
     except RequestError as e:
         raise APIError(400, str(e), e.field) from None
+
+
+def _folder(read, model: str):
+    """What the model's folder says (`read(model)`: its generation defaults, its chat format); a 503 naming the bad
+    file otherwise."""
+    try:
+        return read(model)
+    except ModelUnavailable as e:
+        raise APIError(503, str(e), "model") from None
 
 
 def _stream_options(body: dict, stream: bool) -> bool:
@@ -156,7 +165,8 @@ def parse_completion(body: Any, registry: ModelRegistry, default_backend: str, l
         raise APIError(400, "echo cannot stream here: send it with stream: false (or leave echo out)", "echo")
     _check_prompts(prompts, best_of)
     first = prompts[0] if isinstance(prompts[0], str) else ""  # token ids are checked against the model's vocabulary
-    request = _parse_fields({**fields, "logprobs": body.get("logprobs")}, first, limit)
+    defaults = _folder(registry.generation_defaults, model)
+    request = _parse_fields({**fields, "logprobs": body.get("logprobs")}, first, limit, defaults)
     return Job(
         "completion",
         model,
@@ -189,14 +199,19 @@ CHAT_WIRE = ("model", "messages", "stream", "stream_options", "n", "logprobs", "
 
 
 def parse_chat(body: Any, registry: ModelRegistry, default_backend: str, limit: int | None = None) -> Job:
-    """A `/v1/chat/completions` body: the messages as a play script (`gpt_serve.serving.chat`), the reply ending with
-    the
-    speech; APIError naming the bad field otherwise."""
+    """A `/v1/chat/completions` body: the messages in the model's chat format (`gpt_serve.serving.chat`), the reply
+    ending with the speech; APIError naming the bad field otherwise."""
     model, fields = _common(body, registry, CHAT_WIRE)
     if "prompt" in fields:  # the messages make the prompt: a prompt beside them would be silently replaced
         raise APIError(400, "prompt is not a chat field: send the conversation as messages", "prompt")
+    fmt = _folder(registry.chat_format, model)
+    if fmt is None:
+        raise APIError(
+            400, f"the model {model!r} has no chat format (its vocabulary cannot write one): use /v1/completions",
+            "messages",
+        )  # fmt: skip
     try:
-        prompt = chat.render(body.get("messages"), body.get("speakers"))
+        prompt = chat.render(body.get("messages"), body.get("speakers"), fmt)
     except RequestError as e:
         raise APIError(400, str(e), e.field or "messages") from None
     stream = _flag(body, "stream")
@@ -204,7 +219,8 @@ def parse_chat(body: Any, registry: ModelRegistry, default_backend: str, limit: 
     top = _top_logprobs(body.get("top_logprobs"), logprobs)
     n = _choices(body, "n", 1)
     _check_prompts([prompt], n)
-    request = _parse_fields({**fields, "logprobs": top if logprobs else None}, prompt, limit)
+    defaults = _folder(registry.generation_defaults, model)
+    request = _parse_fields({**fields, "logprobs": top if logprobs else None}, prompt, limit, defaults)
     request = dataclasses.replace(request, stop=(*request.stop, chat.END_OF_SPEECH))  # the reply is one speech
     if request.constraint is not None:  # the constraint governs the reply: its text, then the end of the speech
         ended = request.constraint.ending(chat.END_OF_SPEECH)

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -64,6 +64,9 @@ class RayServeOptions(BaseModel):
     )
     max_body_bytes: int = Field(MAX_BODY_BYTES, ge=1, description="the largest request body accepted (413 past it)")
     body_timeout: float = Field(BODY_TIMEOUT, gt=0, description="seconds a request body may take to arrive (408)")
+    generation_config: Literal["auto", "vllm"] = Field(
+        "auto", description="a request's defaults: its model folder's generation_config.json, or the built-in ones"
+    )
     preload: bool = Field(True, description="each replica loads and warms up the default model for `backend` first")
     api_key: str | None = Field(None, description="every route but /health needs 'Authorization: Bearer <key>'")
     metrics_need_key: bool = Field(False, description="/metrics needs the API key too")
@@ -83,6 +86,7 @@ class RayServeOptions(BaseModel):
         return ModelRegistry.serving(
             (*self.models, *self.model_dirs), self.served_model_names, self.models_root, threads=self.replica_threads,
             max_batch=self.max_batch, max_queue=self.max_queue,
+            generation_config=self.generation_config,
         )  # fmt: skip
 
 

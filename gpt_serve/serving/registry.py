@@ -20,9 +20,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..chargpt.chat_format import ChatFormat, read_chat_format
 from ..folders.corpus_record import CorpusRecord, corpus_record_or_none
 from ..generation.backends.loading import LoadedModel, load_backend
 from ..generation.fields import BACKENDS, RequestError, resolve_backend, show_value
+from ..generation.folder_defaults import check_mode, read_generation_defaults
 from ..generation.requests import Request
 from ..generation.runner import torch_runner
 from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, Scheduler
@@ -119,6 +121,8 @@ class ModelRegistry:
             count is process-wide; the application sets it (`torch.set_num_threads`).
         models_root: where models named without a folder were looked for (for error messages).
         max_batch: the most requests each (model, backend) decodes at once; `max_queue`: the most waiting.
+        generation_config: "auto": a request's defaults are its model folder's `generation_config.json`
+            (`gpt_serve.generation.folder_defaults`); "vllm": the request specification's own.
         default: the default model (`default_model`; None: the shipped default if present, else the first).
     """
 
@@ -129,6 +133,7 @@ class ModelRegistry:
         models_root: str | Path = MODELS_DIR,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        generation_config: str = "auto",
         default: str | None = None,
     ):
         if not folders:
@@ -140,6 +145,8 @@ class ModelRegistry:
         self.threads = threads
         self.models_root = Path(models_root)  # where a missing named model was looked for
         self.max_batch, self.max_queue = max_batch, max_queue
+        self.generation_config = check_mode(generation_config)
+        self._folder_records: dict[tuple[str, str], Any] = {}  # (model, what) -> its defaults or chat format
         self._loaded: dict[tuple[str, str], Any] = {}
         self._schedulers: dict[tuple[str, str], Scheduler] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -281,6 +288,30 @@ class ModelRegistry:
         except (RequestError, OSError, ValueError):
             return None
 
+    def generation_defaults(self, name: str) -> dict[str, Any]:
+        """The defaults of a request for `name` that names none (its folder's generation config, see
+        `generation_config`); ModelUnavailable naming the file and field of a bad value."""
+        return self._folder_record(name, "defaults", lambda f: read_generation_defaults(f, self.generation_config))
+
+    def chat_format(self, name: str) -> ChatFormat | None:
+        """The model's chat format (`gpt_serve.chargpt.chat_format.read_chat_format`; None: it has none);
+        ModelUnavailable naming the file of a bad one."""
+        from ..chargpt.vocab import VOCAB_FILE_NAME, CharVocab
+
+        return self._folder_record(
+            name, "chat", lambda f: read_chat_format(f, CharVocab.from_file(f / VOCAB_FILE_NAME).chars)
+        )
+
+    def _folder_record(self, name: str, what: str, read) -> Any:
+        key = (name, what)
+        if key not in self._folder_records:  # read once: a folder's files do not change under a server
+            folder = self.folder(name)
+            try:
+                self._folder_records[key] = read(folder)
+            except (OSError, ValueError) as e:
+                raise ModelUnavailable(f"model {name!r} cannot be served: {e}") from None
+        return self._folder_records[key]
+
     # ---- loading (once per key, shared) ----
 
     def backend(self, name: str, backend: str) -> LoadedModel:
@@ -292,6 +323,7 @@ class ModelRegistry:
         if reason:
             raise ModelUnavailable(reason)
         folder = self.folder(name)
+        self.generation_defaults(name)  # a bad generation config is refused at load, named
         with self._locks_lock:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:

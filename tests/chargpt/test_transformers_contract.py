@@ -246,9 +246,10 @@ def test_copy_writes_the_model_files_only_and_says_what_it_skipped(tmp_path, cap
         assert f"skipped {name}: {why}" in err, err
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert files == sorted(
-        ["README.md", "added_tokens.json", "config.json", "config_limits.py", "configuration_chargpt.py",
-         "corpus.json", "generation_config.json", "loss.png", "metrics.jsonl", "model.safetensors",
-         "modeling_chargpt.py", "step.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "window.py"]
+        ["README.md", "added_tokens.json", "chat_template.jinja", "config.json", "config_limits.py",
+         "configuration_chargpt.py", "corpus.json", "generation_config.json", "loss.png", "metrics.jsonl",
+         "model.safetensors", "modeling_chargpt.py", "step.json", "tokenizer.json", "tokenizer_config.json",
+         "vocab.json", "window.py"]
         + [f"onnx/{n}" for n in ONNX_FILE_NAMES]
     )  # fmt: skip
     # the model's records travel, checked; where its text lies on this machine does not

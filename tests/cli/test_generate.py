@@ -115,6 +115,28 @@ def test_generate_with_a_broken_corpus_json_warns_and_generates_as_the_demo_serv
     assert "corpus.json: its JSON is nested too deep" in caplog.text and "is ignored" in caplog.text
 
 
+def test_the_folders_generation_config_is_the_default(tiny_model_dir, tmp_path, capsys):
+    import json
+    import shutil
+
+    folder = Path(shutil.copytree(tiny_model_dir, tmp_path / "tiny"))
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "max_new_tokens": 9, "do_sample": False}))
+    assert main(["generate", str(folder), "--prompt", "ROMEO:", "--no-echo"]) == 0
+    greedy = capsys.readouterr().out
+    assert len(greedy) == 9 + 1  # the folder's length, and its greedy search: the same text for any seed
+    assert main(["generate", str(folder), "--prompt", "ROMEO:", "--no-echo", "--seed", "5"]) == 0
+    assert capsys.readouterr().out == greedy
+    assert main(["generate", str(folder), "--prompt", "ROMEO:", "--no-echo", "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out == greedy[:4] + "\n"  # a flag wins
+    assert main(["generate", str(folder), "--prompt", "R", "--no-echo", "--generation-config", "vllm"]) == 0
+    assert len(capsys.readouterr().out) == 256 + 1  # the built-in defaults
+    path.write_text(json.dumps({**json.loads(path.read_text()), "top_p": 3}))
+    assert main(["generate", str(folder), "--prompt", "ROMEO:"]) == 2
+    captured = capsys.readouterr()
+    assert f"{path}: top_p must be a number in (0, 1], got 3" in captured.err and captured.out == ""
+
+
 def test_the_model_is_positional_or_given_with_model(tiny_model_dir, capsys):
     """`gpt-serve generate MODEL` and `--model MODEL` (vLLM's and transformers' spelling) are one argument."""
     args = ["--prompt", "ROMEO:", "--max-new-tokens", "8", "--seed", "1"]

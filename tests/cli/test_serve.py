@@ -40,10 +40,11 @@ def test_serve_preloads_the_default_model_unless_told_not_to(models_root, monkey
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = ["serve", "--models-root", str(models_root), "--port", str(port), "--threads", "1"]
-    try:
-        assert main(args + ([] if preload else ["--no-preload"])) == 0
+    try:  # without preloading, vLLM's `--generation-config vllm` too: the built-in defaults
+        assert main(args + ([] if preload else ["--no-preload", "--generation-config", "vllm"])) == 0
     finally:
         created["registry"].close()
+    assert created["registry"].generation_config == ("auto" if preload else "vllm")
     model = created["registry"].default_model()
     err = capsys.readouterr().err
     if preload:

@@ -49,7 +49,9 @@ def test_the_api_page_describes_every_parameter_with_its_choices(client, registr
     assert parameters["model"]["parameter_default"] == "tiny"  # the server's default, not None
     assert parameters["window_mode"]["type"]["enum"] == ["exact", "refill"]
     assert parameters["unk_policy"]["type"]["enum"] == ["error", "drop", "replace"]
-    assert parameters["max_new_tokens"]["python_type"]["type"] == "int"
+    # None: the model folder's default (its generation_config.json)
+    assert parameters["max_new_tokens"]["python_type"]["type"] == "None | int"
+    assert parameters["max_new_tokens"]["parameter_default"] is None
     (output,) = endpoint["returns"]
     assert output["python_type"]["type"] == "str"
 
@@ -117,7 +119,8 @@ def test_sixteen_concurrent_clients_all_get_complete_correct_outputs(server, reg
     assert [len(out) for out in outputs] == [200] * 16
     loaded = registry.backend("tiny", "torch")
     for i in (0, 5, 10, 15):  # each got its own stream: the text of its seed
-        assert outputs[i] == generate_text(loaded.backend, loaded.vocab, "ROMEO:", 200, SamplingParams(), seed=i)
+        sampling = SamplingParams(registry.generation_defaults("tiny")["temperature"])  # the folder's: none was sent
+        assert outputs[i] == generate_text(loaded.backend, loaded.vocab, "ROMEO:", 200, sampling, seed=i)
     assert server.activity.snapshot()["peak"] > 1, "requests ran one at a time"
     server.activity.peak = max(peak_before, server.activity.peak)
 

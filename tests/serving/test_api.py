@@ -30,9 +30,10 @@ def api(models_root):
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0), url, registry
 
 
-def expected(registry, prompt: str, n: int, seed: int, backend: str = "torch", temperature: float = 1.0) -> str:
-    """The engine's text for the request alone (OpenAI's default temperature is 1)."""
+def expected(registry, prompt: str, n: int, seed: int, backend: str = "torch", temperature: float | None = None) -> str:
+    """The engine's text for the request alone (the temperature of a request that names none: the folder's)."""
     loaded = registry.backend("tiny", backend)
+    temperature = registry.generation_defaults("tiny")["temperature"] if temperature is None else temperature
     return generate_text(loaded.backend, loaded.vocab, prompt, n, SamplingParams(temperature), seed=seed)
 
 

@@ -47,7 +47,8 @@ def server(models_root):
 
 def library(registry, prompt, n, backend="torch", **kwargs):
     loaded = registry.backend("tiny", backend)
-    sampling = SamplingParams(kwargs.pop("temperature", 1.0))
+    # a request that names no temperature gets the folder's (generation_config.json)
+    sampling = SamplingParams(kwargs.pop("temperature", registry.generation_defaults("tiny")["temperature"]))
     return generate_text(loaded.backend, loaded.vocab, prompt, n, sampling, **kwargs)
 
 

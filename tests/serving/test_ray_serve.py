@@ -59,6 +59,18 @@ def test_options_take_serve_run_arguments_and_name_bad_ones():
             RayServeOptions.model_validate(args)
 
 
+def test_each_replica_reads_the_folders_generation_config_unless_told_not_to(models_root):
+    """`generation_config` (`gpt-serve serve --ray --generation-config`): the folder's defaults, or vLLM's 'vllm'."""
+    from gpt_serve.cli import build_parser
+    from gpt_serve.cli.serve import _ray_options
+
+    assert RayServeOptions(models_root=str(models_root)).registry().generation_defaults("tiny")["temperature"] == 0.8
+    options = _ray_options(build_parser().parse_args(["serve", "--ray", "--generation-config", "vllm"]))
+    assert options.generation_config == "vllm" and options.registry().generation_defaults("shakespeare") == {}
+    with pytest.raises(ValueError, match="generation_config\n  Input should be 'auto' or 'vllm'"):
+        RayServeOptions(generation_config="folder")
+
+
 def test_a_local_instance_must_have_the_cpus_the_replicas_ask_for():
     from gpt_serve.serving.ray_serve import check_cpus
 

@@ -12,6 +12,7 @@ from collections import namedtuple
 
 import pytest
 
+from gpt_serve.chargpt.chat_format import PLAY, chat_template
 from training import checkpoint as ckpt_mod
 from training import outputs
 from training.checkpoint import save_checkpoint
@@ -23,11 +24,13 @@ from training.trainer import Trainer
 
 def test_the_final_folder_is_published_complete_with_the_usual_modes(tmp_path, make_config):
     Trainer(make_config(tmp_path, max_iters=4, eval_interval=4, sample_tokens=0)).fit()
-    files = ["config.json", "model.safetensors", "vocab.json", "tokenizer.json", "README.md", "generation_config.json"]
+    files = ["config.json", "model.safetensors", "vocab.json", "tokenizer.json", "README.md", "generation_config.json",
+             "chat_template.jinja"]  # fmt: skip
     want = outputs.file_mode()
     modes = {name: stat.S_IMODE((tmp_path / name).stat().st_mode) for name in files}
     assert modes == dict.fromkeys(files, want)  # transformers writes model.safetensors 0600 on its own
     assert not list(tmp_path.glob(".save-*"))
+    assert (tmp_path / "chat_template.jinja").read_text() == chat_template(PLAY)  # Tiny Shakespeare reads as a play
 
 
 def test_a_failed_final_save_leaves_the_previous_folder(tmp_path):

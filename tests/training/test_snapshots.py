@@ -56,7 +56,8 @@ def test_a_run_keeps_its_snapshots_as_model_folders_with_their_step_and_losses(r
         record = read_step_record(folder)
         assert record.val_loss == metrics[record.step]["val_loss"] and folder.name == f"step-{record.step:06d}"
         assert record.train_loss == metrics[record.step]["train_loss"]
-        for shared in ("vocab.json", "corpus.json"):  # the same characters, the same text as the model
+        # the same characters, the same text, the same chat format (Tiny Shakespeare's: a play) as the model
+        for shared in ("vocab.json", "corpus.json", "chat_template.jinja"):
             assert (folder / shared).read_bytes() == (out / shared).read_bytes()
         AutoModelForCausalLM.from_pretrained(folder)  # loadable like the final folder
     final = read_step_record(out)
