@@ -71,9 +71,9 @@ class ScoringQueue:
     turn, one chunk at a time. Other threads add jobs under `lock` (the scheduler's, which guards its queue of
     requests too); `add`, `remove_cancelled` and `clear` are called under it."""
 
-    def __init__(self, backend: Backend, max_tokens_per_step: int, lock: threading.Lock):
-        # a chunk: this many full windows in one forward pass (the largest chunk, in tokens)
-        self.windows = max(1, min(WINDOWS_PER_CALL, max_tokens_per_step // backend.block_size))
+    def __init__(self, backend: Backend, chunk_tokens: int, lock: threading.Lock):
+        # a chunk: this many full windows in one forward pass (at most `chunk_tokens`, but at least one window)
+        self.windows = max(1, min(WINDOWS_PER_CALL, chunk_tokens // backend.block_size))
         self.chunk_tokens = self.windows * backend.block_size
         self.backend, self.lock = backend, lock
         self.name = describe_backend(backend)
@@ -81,6 +81,10 @@ class ScoringQueue:
 
     def __len__(self) -> int:
         return len(self.jobs)
+
+    def started(self) -> int:
+        """How many of the jobs have run a chunk already (the rest have not begun)."""
+        return sum(1 for job, _ in self.jobs if job.entries)
 
     def add(self, job: Scoring) -> None:
         self.jobs.append((job, scoring_chunks(self.backend, job.ids, job.top_n, job.entries, self.windows)))

@@ -35,6 +35,10 @@ class ServerBusy(RuntimeError):
     """The scheduler's queue is full: the request was not accepted (HTTP APIs answer 429/503)."""
 
 
+class SchedulerClosed(RuntimeError):
+    """The scheduler is closed (its server is shutting down): nothing more is queued (HTTP APIs answer 503)."""
+
+
 class EngineError(RuntimeError):
     """The model failed a request that was fine (its logits were NaN or infinite): the request ends with it, the
     other requests go on. The message names the backend; HTTP APIs answer it in their error format."""

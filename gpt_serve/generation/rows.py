@@ -26,7 +26,12 @@ __all__ = ["Outcome", "Row", "next_tokens"]
 
 
 class Row:
-    """A running request: its tokens, RNG, window and penalty state."""
+    """A running request: its tokens, RNG, window and penalty state.
+
+    A row the scheduler preempts (`Scheduler`'s `preempt_after`) drops only its KV cache: this object, with its RNG
+    and every other per-row state, waits in the queue and rejoins by prefilling its window (`window()`), so it goes
+    on with exactly the tokens it would have made. State kept beside a row must be such state of this object (or be
+    rebuilt from `ids`), never state of the batch."""
 
     def __init__(self, stream: Stream, block_size: int, vocab_size: int):
         r = stream.request
@@ -40,6 +45,7 @@ class Row:
         self.stops = frozenset(int(t) for t in r.stop_token_ids)
         self.top_logprobs = r.logprobs
         self.left = r.max_new_tokens  # tokens still to make
+        self.turn = 0  # tokens made since it last joined the batch (what preemption reads)
         s = r.sampling
         # OpenAI's penalties count the generated tokens only
         self.counts = np.zeros(vocab_size, dtype=np.int64) if s.presence_penalty or s.frequency_penalty else None
@@ -60,6 +66,7 @@ class Row:
         if self.counts is not None:
             self.counts[token] += 1
         self.left -= 1
+        self.turn += 1
         return self.left <= 0 or token in self.stops
 
     def window(self) -> list[int]:

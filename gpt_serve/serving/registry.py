@@ -25,7 +25,7 @@ from ..generation.backends.loading import LoadedModel, load_backend
 from ..generation.fields import BACKENDS, RequestError, resolve_backend, show_value
 from ..generation.requests import Request
 from ..generation.runner import torch_runner
-from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, Scheduler
+from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_PREEMPT_AFTER, Scheduler
 from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, read_config
 from ..onnx_contract import onnx_path
 
@@ -84,6 +84,7 @@ class ModelRegistry:
             count is process-wide; the application sets it (`torch.set_num_threads`).
         models_root: where models named without a folder were looked for (for error messages).
         max_batch: the most requests each (model, backend) decodes at once; `max_queue`: the most waiting.
+        preempt_after: the tokens a row makes before it yields to a waiting request (None: never; `Scheduler`).
     """
 
     def __init__(
@@ -93,13 +94,14 @@ class ModelRegistry:
         models_root: str | Path = MODELS_DIR,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        preempt_after: int | None = DEFAULT_PREEMPT_AFTER,
     ):
         if not folders:
             raise ValueError("a ModelRegistry needs at least one model name")
         self.folders = {name: (Path(f) if f is not None else None) for name, f in folders.items()}
         self.threads = threads
         self.models_root = Path(models_root)  # where a missing named model was looked for
-        self.max_batch, self.max_queue = max_batch, max_queue
+        self.max_batch, self.max_queue, self.preempt_after = max_batch, max_queue, preempt_after
         self._loaded: dict[tuple[str, str], Any] = {}
         self._schedulers: dict[tuple[str, str], Scheduler] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -259,7 +261,9 @@ class ModelRegistry:
             with self._locks_lock:
                 if key not in self._schedulers or self._schedulers[key].closed:
                     runner = _runner(key[1])
-                    self._schedulers[key] = Scheduler(loaded.backend, self.max_batch, self.max_queue, runner=runner)
+                    self._schedulers[key] = Scheduler(
+                        loaded.backend, self.max_batch, self.max_queue, runner=runner, preempt_after=self.preempt_after
+                    )
                 scheduler = self._schedulers[key]
         return scheduler
 

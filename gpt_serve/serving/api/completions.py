@@ -39,7 +39,7 @@ async def serve(http: Request, state: APIState, parse: Callable[..., Job]) -> Re
         if state.drain.closing:
             raise APIError(503, "the server is shutting down", None, "server_error", SHUTTING_DOWN)
         choices = await run_on_worker(start_choices, state.registry, job, state.metrics, state.drain)
-        scorings = score_prompts(state.registry, job, choices)
+        scorings = score_prompts(state.registry, job, choices, state.drain)
     except APIError as e:
         return error_response(e)
     cid = f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{secrets.token_hex(12)}"
