@@ -33,9 +33,12 @@ from gpt_serve.cli.flags import (
 from gpt_serve.cli.server_flags import (
     add_api_arguments,
     add_limit_arguments,
+    add_sharing_arguments,
     api_options,
     check_port_free,
     interrupt,
+    preempt_after,
+    request_caps,
     server_limits,
 )
 from gpt_serve.generation import BACKENDS
@@ -131,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_argument(p, help="show progress bars (transformers' weight-loading bar)")
     add_api_arguments(p)  # the mounted OpenAI-compatible API: the same access flags as `gpt-serve serve`
     add_limit_arguments(p)  # and the same bounds, for every request the demo's server takes
+    add_sharing_arguments(p)  # and the same sharing of the engine
     return p
 
 
@@ -206,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         print("demo: error: --mcp needs Gradio's MCP support: pip install 'gpt-serve[mcp]'", file=sys.stderr)
         return 2
     try:  # before anything loads
-        access, limits = api_options(args), server_limits(args)
+        access, limits = {**api_options(args), "caps": request_caps(args)}, server_limits(args)
         hint = f'is another demo running? pass --port N (make demo DEMO_ARGS="--port {args.port + 1}")'
         check_port_free(args.host, args.port, hint)
     except (OSError, ValueError) as e:
@@ -232,7 +236,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         registry = ModelRegistry.discover(
-            args.model_dir, args.models_root, threads=args.threads, max_batch=args.concurrency
+            args.model_dir,
+            args.models_root,
+            threads=args.threads,
+            max_batch=args.concurrency,
+            preempt_after=preempt_after(args),
         )
         default_model = registry.default_model(args.model)
     except ValueError as e:

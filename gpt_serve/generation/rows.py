@@ -74,7 +74,8 @@ class Row:
 
 
 class Outcome:
-    """What a step gives the rows: `tokens[i]` and `logprobs[i]` for row i, or `errors[i]` (then tokens[i] is -1)."""
+    """What a step gives the rows: `tokens[i]` and `logprobs[i]` for row i, or `errors[i]` (then tokens[i] is -1).
+    A row's logprobs are `(logprob, top ids, their logprobs)`, as `TokenLogprobs.append` takes them."""
 
     __slots__ = ("tokens", "logprobs", "errors")
 
@@ -87,7 +88,7 @@ class Outcome:
 def next_tokens(rows: list[Row], logits: np.ndarray, backend_name: str) -> Outcome:
     """One token per row from `logits` (rows, V), each with its own settings and RNG (as `sample_rows`), and for the
     rows that ask for them (`Request.logprobs`) the token's log-probability and the top ones, of the model's own
-    distribution (the logits before penalties): `(logprob, [(id, logprob), ...])`. See the module docstring for the
+    distribution (the logits before penalties): `(logprob, top ids, their logprobs)`. See the module docstring for the
     errors; `backend_name` names what computed the logits in them."""
     out = Outcome(len(rows))
     work = _penalized(rows, logits, out)
@@ -204,6 +205,6 @@ def _logprobs(rows: list[Row], logits: np.ndarray, wanted: list[int], out: Outco
         top = np.argsort(-lp, axis=-1, kind="stable")[:, :most]  # (k, most)
         for k, i in enumerate(indices):
             ids = top[k, : rows[i].top_logprobs]
-            out.logprobs[i] = (float(lp[k, out.tokens[i]]), [(int(t), float(lp[k, t])) for t in ids])
+            out.logprobs[i] = (float(lp[k, out.tokens[i]]), ids, lp[k, ids])
 
     _isolated(wanted, out, "the logprobs", batch, lambda i: batch([i]))

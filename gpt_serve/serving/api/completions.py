@@ -13,7 +13,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ...generation.requests import EngineError
 from ..limits import Drain, parse_json
-from ..protocol import SHUTTING_DOWN, APIError, Job, answer, parse_chat, parse_completion
+from ..protocol import SHUTTING_DOWN, APIError, Job, answer, check_caps, parse_chat, parse_completion
 from .choices import Choice, cancel_on_disconnect, end_choices, score_prompts, start_choices
 from .errors import error_response, model_failure, run_on_worker
 from .state import APIState, APIStateDep
@@ -36,6 +36,7 @@ async def serve(http: Request, state: APIState, parse: Callable[..., Job]) -> Re
     """A completions or chat request (`parse` reads its body), answered in OpenAI's format, streamed or whole."""
     try:
         job = parse(parse_json(await http.body()), state.registry, state.default_backend, state.max_tokens_limit)
+        check_caps(job, state.caps)
         if state.drain.closing:
             raise APIError(503, "the server is shutting down", None, "server_error", SHUTTING_DOWN)
         choices = await run_on_worker(start_choices, state.registry, job, state.metrics, state.drain)
