@@ -35,10 +35,13 @@ from gpt_serve.cli.server_flags import (
     add_api_arguments,
     add_limit_arguments,
     add_model_arguments,
+    add_sharing_arguments,
     api_options,
     check_port_free,
     interrupt,
     models_named,
+    preempt_after,
+    request_caps,
     served_model_names,
     server_limits,
 )
@@ -153,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_argument(p, help="show progress bars (transformers' weight-loading bar)")
     add_api_arguments(p)  # the mounted OpenAI-compatible API: the same access flags as `gpt-serve serve`
     add_limit_arguments(p)  # and the same bounds, for every request the demo's server takes
+    add_sharing_arguments(p)  # and the same sharing of the engine
     return p
 
 
@@ -162,7 +166,12 @@ def demo_registry(args):
     from gpt_serve.serving.registry import ModelRegistry
 
     named, served = models_named(args), served_model_names(args)
-    limits = dict(threads=args.threads, max_batch=args.concurrency, generation_config=args.generation_config)
+    limits = dict(
+        threads=args.threads,
+        max_batch=args.concurrency,
+        generation_config=args.generation_config,
+        preempt_after=preempt_after(args),
+    )
     if named or served is not None:
         return ModelRegistry.serving(named, served, args.models_root, **limits)
     root = args.models_root if args.models_root is not None else MODELS_DIR
@@ -244,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         print("demo: error: --mcp needs Gradio's MCP support: pip install 'gpt-serve[mcp]'", file=sys.stderr)
         return 2
     try:  # before anything loads
-        access, limits = api_options(args), server_limits(args)
+        access, limits = {**api_options(args), "caps": request_caps(args)}, server_limits(args)
         args.host, args.port = bind_address(args.host, args.port)
         hint = f'is another demo running? pass --port N (make demo DEMO_ARGS="--port {args.port + 1}")'
         check_port_free(args.host, args.port, hint)

@@ -122,6 +122,7 @@ def checkpoint_comparison(registry: ModelRegistry, default_model: str, folders: 
         models_root=Path(registry.folder(default_model)) / SNAPSHOTS_DIR,
         max_batch=registry.max_batch,
         max_queue=registry.max_queue,
+        preempt_after=registry.preempt_after,
     )
     vocab = registry.vocab_sha256(default_model)
     columns = [_snapshot_column(own, f"{default_model}@{f.name}", f, default_model, vocab) for f in shown]

@@ -77,6 +77,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
 def tcp_port(text: str) -> int:
     """argparse type: a TCP port, in [1, 65535]."""
     value = int(text)

@@ -42,13 +42,15 @@ def run(args: argparse.Namespace) -> int:
     registry = ModelRegistry.serving(
         server_flags.models_named(args), server_flags.served_model_names(args), args.models_root, threads=args.threads,
         max_batch=args.max_batch, max_queue=args.max_queue, generation_config=args.generation_config,
+        preempt_after=server_flags.preempt_after(args),
     )  # fmt: skip
     if not args.no_preload:  # the first request should not wait for a model to load
         print(f"gpt-serve serve: {registry.preload(args.backend)[1]}", file=sys.stderr)
     options, limits = server_flags.api_options(args), server_flags.server_limits(args)
     app = create_app(
-        registry, default_backend=args.backend, max_tokens_limit=args.max_tokens_limit, limits=limits, **options
-    )
+        registry, default_backend=args.backend, max_tokens_limit=args.max_tokens_limit, limits=limits,
+        caps=server_flags.request_caps(args), **options,
+    )  # fmt: skip
     print(f"gpt-serve serve: models {registry.available} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     run_server(app, args.host, args.port, args.log_level, limits, app.state.drain, args.access_log)
     return 0
@@ -95,6 +97,9 @@ def _ray_options(args: argparse.Namespace):
         max_queue=args.max_queue,
         max_tokens_limit=args.max_tokens_limit,
         generation_config=args.generation_config,
+        preempt_after=server_flags.preempt_after(args),
+        max_request_tokens=args.max_request_tokens,
+        max_request_logprobs=args.max_request_logprobs,
         max_body_bytes=limits.max_body_bytes,
         body_timeout=limits.body_timeout,
         preload=not args.no_preload,
@@ -133,6 +138,7 @@ def add_parser(sub) -> None:
     add_verbose_and_progress(s)
     server_flags.add_api_arguments(s)
     server_flags.add_limit_arguments(s)
+    server_flags.add_sharing_arguments(s)
     s.add_argument(
         "--no-preload",
         action="store_true",

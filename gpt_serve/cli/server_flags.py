@@ -1,6 +1,7 @@
 """What `gpt-serve serve` and the demo share as servers of the OpenAI-compatible API: its access flags
 (`add_api_arguments`, read by `api_options`), the server's bounds (`add_limit_arguments`, read by `server_limits`),
-the port check before any model loads (`check_port_free`) and the SIGTERM handler (`interrupt`)."""
+how requests share the engine (`add_sharing_arguments`, read by `preempt_after` and `request_caps`), the port
+check before any model loads (`check_port_free`) and the SIGTERM handler (`interrupt`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import os
 import re
 import signal
 
+from ..generation.scheduler import DEFAULT_PREEMPT_AFTER
+from ..serving.request_caps import RequestCaps
 from ..serving.server_limits import ServerLimits
-from .flags import positive_float, positive_int
+from .flags import non_negative_int, positive_float, positive_int
 
 API_KEY_ENV = "GPT_SERVE_API_KEY"
 
@@ -139,6 +142,43 @@ def server_limits(args) -> ServerLimits:
     """The `ServerLimits` of the flags of `add_limit_arguments` (a flag left out: the default)."""
     given = {field: getattr(args, field) for field, _, _ in LIMIT_FLAGS.values() if hasattr(args, field)}
     return ServerLimits(**given)
+
+
+def add_sharing_arguments(parser) -> None:
+    """How requests share the engine (docs/serving.md, "Fair sharing"), the same for `gpt-serve serve` and the
+    demo."""
+    caps = RequestCaps()
+    parser.add_argument(
+        "--preempt-after",
+        type=non_negative_int,
+        default=DEFAULT_PREEMPT_AFTER,
+        help="tokens a row makes before it yields to a waiting request (it drops its cache and rejoins later with "
+        f"the same tokens; 0: never; default {DEFAULT_PREEMPT_AFTER})",
+    )
+    parser.add_argument(
+        "--max-request-tokens",
+        type=positive_int,
+        default=caps.max_request_tokens,
+        help="the most choices x max_tokens one request may ask for (past it: 400; default "
+        f"{caps.max_request_tokens:,})",
+    )
+    parser.add_argument(
+        "--max-request-logprobs",
+        type=positive_int,
+        default=caps.max_request_logprobs,
+        help="the most logprob entries one request may accumulate, choices x max_tokens x (logprobs + 1) (past it: "
+        f"400; default {caps.max_request_logprobs:,})",
+    )
+
+
+def preempt_after(args) -> int | None:
+    """The scheduler's `preempt_after` of `--preempt-after` (0: None, never)."""
+    return args.preempt_after or None
+
+
+def request_caps(args) -> RequestCaps:
+    """The `RequestCaps` of `--max-request-tokens` and `--max-request-logprobs`."""
+    return RequestCaps(args.max_request_tokens, args.max_request_logprobs)
 
 
 def check_port_free(host: str, port: int, hint: str) -> None:

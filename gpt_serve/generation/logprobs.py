@@ -23,46 +23,50 @@ import numpy as np
 from .backends.protocol import Backend, describe_backend
 from .requests import EngineError, Scoring
 from .sampling import log_softmax
+from .token_logprobs import TokenLogprobs
 
 logger = logging.getLogger(__name__)
 
 WINDOWS_PER_CALL = 32  # full windows scored together past block_size
 
 
-def entry(lp: np.ndarray, token: int, top_n: int) -> tuple[float, list[tuple[int, float]]]:
-    """(the token's logprob, the `top_n` most likely (id, logprob)) of one position's log-probabilities."""
-    top = np.argsort(-lp, kind="stable")[:top_n]
-    return float(lp[token]), [(int(t), float(lp[t])) for t in top]
+def add_entries(out: TokenLogprobs, lps: np.ndarray, tokens: Sequence[int]) -> None:
+    """The entries of `tokens` (k,) read from their positions' log-probabilities `lps` (k, V): each token's logprob
+    and the `out.top_n` most likely."""
+    lps = np.atleast_2d(lps)
+    top = np.argsort(-lps, axis=-1, kind="stable")[:, : out.top_n]  # (k, top_n)
+    rows = np.arange(len(lps))
+    out.extend(lps[rows, np.asarray(tokens, dtype=np.int64)], top, np.take_along_axis(lps, top, axis=-1))
 
 
-def prompt_logprobs(backend, ids: Sequence[int], top_n: int) -> list:
-    """One entry per prompt token: None for the first, else `entry(...)` (see the module docstring)."""
-    out: list = []
+def prompt_logprobs(backend, ids: Sequence[int], top_n: int) -> TokenLogprobs:
+    """One entry per prompt token: None for the first, else (logprob, top) (see the module docstring)."""
+    out = TokenLogprobs(top_n)
     for _ in scoring_chunks(backend, ids, top_n, out):
         pass
     return out
 
 
 def scoring_chunks(
-    backend, ids: Sequence[int], top_n: int, out: list, windows: int = WINDOWS_PER_CALL
+    backend, ids: Sequence[int], top_n: int, out: TokenLogprobs, windows: int = WINDOWS_PER_CALL
 ) -> Iterator[int]:
     """`prompt_logprobs` in chunks: each `next()` runs one forward pass (the first window's, or up to `windows`
     later windows together), appends its entries to `out`, and yields how many tokens that forward read. What the
     scheduler runs between decode steps (`Scheduler.score`), so that scoring a long prompt shares the machine."""
     ids = [int(t) for t in ids]
     block = backend.block_size
-    out.append(None)
+    out.append_none()
     first = ids[:block]
     if len(first) > 1:
         lps = log_softmax(backend.sequence_logits(np.asarray(first, dtype=np.int64)))  # (T, V)
-        out += [entry(lps[i - 1], ids[i], top_n) for i in range(1, len(first))]
+        add_entries(out, lps[:-1], first[1:])
         yield len(first)
     later = list(range(block, len(ids)))  # token i read after the window ids[i - block : i]
     for start in range(0, len(later), windows):
         chunk = later[start : start + windows]
         batch = np.asarray([ids[i - block : i] for i in chunk], dtype=np.int64)  # (k, block)
         lps = log_softmax(backend.window_logits(batch))
-        out += [entry(lps[k], ids[i], top_n) for k, i in enumerate(chunk)]
+        add_entries(out, lps, [ids[i] for i in chunk])
         yield batch.size
 
 
@@ -71,9 +75,9 @@ class ScoringQueue:
     turn, one chunk at a time. Other threads add jobs under `lock` (the scheduler's, which guards its queue of
     requests too); `add`, `remove_cancelled` and `clear` are called under it."""
 
-    def __init__(self, backend: Backend, max_tokens_per_step: int, lock: threading.Lock):
-        # a chunk: this many full windows in one forward pass (the largest chunk, in tokens)
-        self.windows = max(1, min(WINDOWS_PER_CALL, max_tokens_per_step // backend.block_size))
+    def __init__(self, backend: Backend, chunk_tokens: int, lock: threading.Lock):
+        # a chunk: this many full windows in one forward pass (at most `chunk_tokens`, but at least one window)
+        self.windows = max(1, min(WINDOWS_PER_CALL, chunk_tokens // backend.block_size))
         self.chunk_tokens = self.windows * backend.block_size
         self.backend, self.lock = backend, lock
         self.name = describe_backend(backend)
@@ -81,6 +85,10 @@ class ScoringQueue:
 
     def __len__(self) -> int:
         return len(self.jobs)
+
+    def started(self) -> int:
+        """How many of the jobs have run a chunk already (the rest have not begun)."""
+        return sum(1 for job, _ in self.jobs if job.entries)
 
     def add(self, job: Scoring) -> None:
         self.jobs.append((job, scoring_chunks(self.backend, job.ids, job.top_n, job.entries, self.windows)))

@@ -19,6 +19,7 @@ from ..chargpt.window import DEFAULT_WINDOW_MODE, window_keep
 from .backends.protocol import check_token_ids
 from .fields import check_value
 from .sampling import SamplingParams
+from .token_logprobs import TokenLogprobs
 
 
 class StreamOwner(Protocol):
@@ -33,6 +34,10 @@ class StreamOwner(Protocol):
 
 class ServerBusy(RuntimeError):
     """The scheduler's queue is full: the request was not accepted (HTTP APIs answer 429/503)."""
+
+
+class SchedulerClosed(RuntimeError):
+    """The scheduler is closed (its server is shutting down): nothing more is queued (HTTP APIs answer 503)."""
 
 
 class EngineError(RuntimeError):
@@ -104,7 +109,8 @@ class Stream:
         self.admitted_at: float | None = None  # when the scheduler took it from the queue
         self.last_seen_at: float | None = None  # for a consumer that times the gaps between tokens (the API's metrics)
         self.generated = 0
-        self.logprobs: list = []  # with `Request.logprobs`: (logprob, [(id, logprob), ...]) per token, in order
+        # with `Request.logprobs`: (logprob, [(id, logprob), ...]) per token, in order
+        self.logprobs = TokenLogprobs(request.logprobs or 0)
         self._finished = False  # the consumer has seen the end
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None  # an `atake` waiting
 
@@ -180,7 +186,7 @@ class Stream:
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         if logprob is not None:
-            self.logprobs.append(logprob)  # before the token: a consumer that has the token has its logprob
+            self.logprobs.append(*logprob)  # before the token: a consumer that has the token has its logprob
         self.generated += 1
         self._tokens.put(token)
 
@@ -198,7 +204,7 @@ class Scoring:
 
     def __init__(self, ids: Sequence[int], top_n: int, owner: StreamOwner):
         self.ids, self.top_n = [int(t) for t in ids], top_n
-        self.entries: list = []  # filled chunk by chunk
+        self.entries = TokenLogprobs(top_n)  # filled chunk by chunk
         self.cancelled = threading.Event()
         self.error: BaseException | None = None
         self._owner = owner

@@ -26,7 +26,12 @@ __all__ = ["Outcome", "Row", "next_tokens"]
 
 
 class Row:
-    """A running request: its tokens, RNG, window and penalty state."""
+    """A running request: its tokens, RNG, window and penalty state.
+
+    A row the scheduler preempts (`Scheduler`'s `preempt_after`) drops only its KV cache: this object, with its RNG
+    and every other per-row state, waits in the queue and rejoins by prefilling its window (`window()`), so it goes
+    on with exactly the tokens it would have made. State kept beside a row must be such state of this object (or be
+    rebuilt from `ids`), never state of the batch."""
 
     def __init__(self, stream: Stream, block_size: int, vocab_size: int):
         r = stream.request
@@ -40,6 +45,7 @@ class Row:
         self.stops = frozenset(int(t) for t in r.stop_token_ids)
         self.top_logprobs = r.logprobs
         self.left = r.max_new_tokens  # tokens still to make
+        self.turn = 0  # tokens made since it last joined the batch (what preemption reads)
         s = r.sampling
         # OpenAI's penalties count the generated tokens only
         self.counts = np.zeros(vocab_size, dtype=np.int64) if s.presence_penalty or s.frequency_penalty else None
@@ -68,6 +74,7 @@ class Row:
         if self.counts is not None:
             self.counts[token] += 1
         self.left -= 1
+        self.turn += 1
         if self.automaton is not None:
             self.state = int(self.automaton.next_state[self.state, token])
             if self.automaton.final[self.state]:  # accepted, and nothing may follow: "stop"
@@ -79,7 +86,8 @@ class Row:
 
 
 class Outcome:
-    """What a step gives the rows: `tokens[i]` and `logprobs[i]` for row i, or `errors[i]` (then tokens[i] is -1)."""
+    """What a step gives the rows: `tokens[i]` and `logprobs[i]` for row i, or `errors[i]` (then tokens[i] is -1).
+    A row's logprobs are `(logprob, top ids, their logprobs)`, as `TokenLogprobs.append` takes them."""
 
     __slots__ = ("tokens", "logprobs", "errors")
 
@@ -92,7 +100,7 @@ class Outcome:
 def next_tokens(rows: list[Row], logits: np.ndarray, backend_name: str) -> Outcome:
     """One token per row from `logits` (rows, V), each with its own settings and RNG (as `sample_rows`), and for the
     rows that ask for them (`Request.logprobs`) the token's log-probability and the top ones, of the model's own
-    distribution (the logits before penalties): `(logprob, [(id, logprob), ...])`. See the module docstring for the
+    distribution (the logits before penalties): `(logprob, top ids, their logprobs)`. See the module docstring for the
     errors; `backend_name` names what computed the logits in them."""
     out = Outcome(len(rows))
     work = _penalized(rows, logits, out)
@@ -232,6 +240,6 @@ def _logprobs(rows: list[Row], logits: np.ndarray, wanted: list[int], out: Outco
         top = np.argsort(-lp, axis=-1, kind="stable")[:, :most]  # (k, most)
         for k, i in enumerate(indices):
             ids = top[k, : rows[i].top_logprobs]
-            out.logprobs[i] = (float(lp[k, out.tokens[i]]), [(int(t), float(lp[k, t])) for t in ids])
+            out.logprobs[i] = (float(lp[k, out.tokens[i]]), ids, lp[k, ids])
 
     _isolated(wanted, out, "the logprobs", batch, lambda i: batch([i]))

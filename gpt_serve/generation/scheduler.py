@@ -15,9 +15,16 @@ one forward pass (`backend.new_batch()`, a `DecodeBatch` that keeps the rows' KV
 Every iteration has a budget of `max_tokens_per_step` tokens of forward work, shared, in this order, by the decode
 step (one token per row), the prefills of waiting requests (FIFO; a prefill is one window, at most `block_size`
 tokens; requests whose windows have the same length are prefilled together, in one forward pass) and prompt scoring
-(`score`: a prompt's own logprobs, `echo`, one chunk of full windows at a time). Each of them gets at least one unit
-per iteration, so none starves; none runs unbounded, so a long prompt to score or a burst of arrivals delays the
-others by a few steps, not by its whole cost.
+(`score`: a prompt's own logprobs, `echo`, in chunks of full windows). Each of them gets at least one unit per
+iteration, so none starves; none runs unbounded, so a long prompt to score or a burst of arrivals delays the others
+by a few steps, not by its whole cost. While rows decode or requests wait, scoring gets at most
+`max_scoring_tokens_per_step` of it (one chunk), so the decode steps keep their pace beside a flood of scoring.
+
+Fair sharing of the rows (preemption by recompute, as vLLM preempts for memory): while requests wait for a row and
+none is free, a row that has made `preempt_after` tokens since it joined leaves the batch, its KV cache dropped, and
+waits last in the queue; when its turn comes it rejoins by prefilling its window, and goes on with exactly the
+tokens it would have made (its `Row`, RNG included, is kept). So a waiting request gets a row within about
+`preempt_after` decode steps per `max_batch` requests ahead of it, whatever the others' `max_tokens`.
 
 A request's failure is its own: the output side of a step (`rows.next_tokens`: penalties, filters, sampling,
 logprobs) runs every row inside its own error boundary, and so do a row's prefill, its window's refill and its
@@ -60,11 +67,16 @@ from .waiting import WaitingQueue
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_QUEUE", "MAX_TOKENS_PER_STEP", "Scheduler"]
+__all__ = [
+    "DEFAULT_MAX_BATCH", "DEFAULT_MAX_QUEUE", "DEFAULT_PREEMPT_AFTER", "MAX_SCORING_TOKENS_PER_STEP",
+    "MAX_TOKENS_PER_STEP", "Scheduler",
+]  # fmt: skip
 
 DEFAULT_MAX_BATCH = 16  # rows decoding together, every surface's default (`gpt-serve serve --max-batch`)
 DEFAULT_MAX_QUEUE = 256  # requests waiting for a row before the next is refused (a 429)
 MAX_TOKENS_PER_STEP = 4096  # the default budget of one iteration's forward work (see the module docstring)
+MAX_SCORING_TOKENS_PER_STEP = 512  # scoring's share of it while rows decode or requests wait
+DEFAULT_PREEMPT_AFTER = 64  # tokens a row makes before it yields its row to a waiting request (`--preempt-after`)
 
 
 class Scheduler:
@@ -80,6 +92,9 @@ class Scheduler:
             budget and the free rows allow).
         max_recompute_per_step: the most exact-mode rows past their window advanced per iteration.
         max_tokens_per_step: the iteration's budget of forward work, in tokens (see the module docstring).
+        max_scoring_tokens_per_step: scoring's share of that budget while rows decode or requests wait.
+        preempt_after: the tokens a row makes, once it joined, before it yields its row to a waiting request
+            (None: rows are never preempted; see the module docstring).
         runner: the `Runner` whose thread runs the loop (None: a runner of its own, stopped by `close`). The
             registry gives every PyTorch backend the shared `torch_runner()`; an `InlineRunner` steps the loop on
             the thread that reads the streams (what the library's `generate_tokens` uses).
@@ -94,23 +109,29 @@ class Scheduler:
         max_recompute_per_step: int = 4,
         max_tokens_per_step: int = MAX_TOKENS_PER_STEP,
         runner: Runner | InlineRunner | None = None,
+        max_scoring_tokens_per_step: int = MAX_SCORING_TOKENS_PER_STEP,
+        preempt_after: int | None = DEFAULT_PREEMPT_AFTER,
     ):
-        for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("max_tokens", max_tokens_per_step)):
+        bounds = [("max_batch", max_batch), ("max_queue", max_queue), ("max_tokens", max_tokens_per_step)]
+        bounds += [("max_scoring_tokens_per_step", max_scoring_tokens_per_step)]
+        for name, value in bounds + ([("preempt_after", preempt_after)] if preempt_after is not None else []):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.backend = backend
         self.name = describe_backend(backend)
         self.max_batch, self.max_queue = max_batch, max_queue
         self.max_prefills_per_step, self.max_recompute_per_step = max_prefills_per_step, max_recompute_per_step
-        self.max_tokens_per_step = max_tokens_per_step
-        self._queue = WaitingQueue(backend, max_queue, max_tokens_per_step)
+        self.max_tokens_per_step, self.preempt_after = max_tokens_per_step, preempt_after
+        self.scoring_share = min(max_scoring_tokens_per_step, max_tokens_per_step)
+        self.preemptions = 0  # rows preempted so far
+        self._queue = WaitingQueue(backend, max_queue, self.scoring_share)
         self._stopped = threading.Event()
         # Made on the runner's thread, the one thread that runs the backend (see `Runner`).
         self._batch: RunningBatch | None = None
         self._recompute = FullWindowRows(backend, max_recompute_per_step)  # exact-mode rows past their window
         self.steps = 0  # forward passes run (decode steps, prefills, full-window recomputes, scoring chunks)
         self.tokens = 0
-        self._published = dict(active=0, waiting=0, scoring=0, steps=0, tokens=0)  # `stats`: set by `_publish`
+        self._published = dict(active=0, waiting=0, scoring=0, preempted=0, steps=0, tokens=0)  # set by `_publish`
         self._to_wake: list = []  # streams and scorings given something since the last `wake_waiters`
         self._owns_runner = runner is None
         self._runner = runner or Runner()
@@ -151,10 +172,11 @@ class Scheduler:
         return self._runner.call(function, *args)
 
     def stats(self) -> dict[str, int]:
-        """The loop's counts as its last iteration left them: rows decoding (`active`), requests and scorings
-        queued, forward passes run and tokens made. One consistent reading, never one taken halfway through an
-        iteration (where a row that refills its window is out of the batch, or an admitted request is neither
-        queued nor running yet): `active` and `waiting` both 0 means the loop has nothing left to run."""
+        """The loop's counts as its last iteration left them: rows decoding and prompts being scored (`active`),
+        requests, preempted rows and prompts to score not begun (`waiting`), prompts to score in all (`scoring`),
+        rows preempted so far, forward passes run and tokens made. One consistent reading, never one taken halfway
+        through an iteration (where a row that refills its window is out of the batch, or an admitted request is
+        neither queued nor running yet): `active` and `waiting` both 0 means the loop has nothing left to run."""
         return dict(self._published)
 
     def close(self) -> None:
@@ -197,8 +219,11 @@ class Scheduler:
         its second."""
         try:
             self._drop_cancelled()
+            preempted = self._preempt()
             budget = self.max_tokens_per_step - len(self._batch)  # what the decode step leaves for the rest
             budget -= self._admit(budget)
+            for row in preempted:  # queued once their rows are taken: the queue never holds more than before
+                self._queue.requeue(row)
             self._recompute_some()
             self._score(budget)
             if ready is None or not ready():
@@ -208,7 +233,7 @@ class Scheduler:
             self._fail_all(e)
         self._publish()
         self._wake_async()
-        return bool(self._batch.rows or self._recompute or any(self._queue.counts()))
+        return bool(self._batch.rows or self._recompute or any(self._queue.counts()[:2]))
 
     def shutdown(self, error: BaseException | None = None) -> None:
         """Ends what is running or waiting (on the runner's thread): once closed, or with `error` when the loop itself
@@ -230,11 +255,12 @@ class Scheduler:
 
     def _publish(self) -> None:
         """Sets what `stats` reads (on the runner's thread, between two iterations), as one new dict."""
-        waiting, scoring = self._queue.counts()
+        waiting, scoring, begun = self._queue.counts()
         self._published = dict(
-            active=len(self._batch) + len(self._recompute),
-            waiting=waiting,
+            active=len(self._batch) + len(self._recompute) + begun,
+            waiting=waiting + scoring - begun,
             scoring=scoring,
+            preempted=self.preemptions,
             steps=self.steps,
             tokens=self.tokens,
         )
@@ -250,23 +276,42 @@ class Scheduler:
         for item in self._queue.remove_cancelled():
             self._end(item)
 
+    def _preempt(self) -> list[Row]:
+        """While requests wait and no row is free: the rows that have made `preempt_after` tokens since they joined
+        (longest turn first, one per waiting request) leave the batch; returns them, for the end of the queue (see
+        the module docstring)."""
+        if self.preempt_after is None:
+            return []
+        short = self._queue.counts()[0] - (self.max_batch - len(self._batch) - len(self._recompute))
+        if short <= 0:
+            return []
+        due = [(row.turn, i) for i, row in enumerate(self._batch.rows) if row.turn >= self.preempt_after]
+        out = []
+        for _, i in sorted(sorted(due, reverse=True)[:short], key=lambda pair: -pair[1]):  # last index first
+            out.append(self._batch.rows[i])
+            self._batch.remove(i)  # (the last row moves into i: no index still to remove is above it)
+        for row in [row for row in self._recompute.rows if row.turn >= self.preempt_after][: short - len(out)]:
+            self._recompute.rows.remove(row)
+            out.append(row)
+        for row in out:
+            row.turn = 0
+        self.preemptions += len(out)
+        return out
+
     def _admit(self, budget: int) -> int:
-        """Prefills waiting requests within `budget` tokens (at least one request, if a row is free), requests whose
-        windows have the same length together; returns the tokens prefilled."""
+        """Prefills waiting requests and preempted rows within `budget` tokens (at least one, if a row is free),
+        those whose windows have the same length together; returns the tokens prefilled."""
         free = self.max_batch - len(self._batch) - len(self._recompute)
         limit = free if self.max_prefills_per_step is None else min(free, self.max_prefills_per_step)
         groups: dict[int, list[Row]] = {}
         used = taken = 0
         while taken < limit:
-            stream = self._queue.pop(budget - used if taken else None, self.backend.block_size)
-            if stream is None:
+            item = self._queue.pop(budget - used if taken else None, self.backend.block_size)
+            if item is None:
                 break
             taken += 1
-            stream.admitted_at = time.perf_counter()
-            try:
-                row = Row(stream, self.backend.block_size, self.backend.vocab_size)
-            except Exception as e:  # this request's own state could not be made
-                self._end(stream, EngineError(f"the request could not start: {type(e).__name__}: {e}"))
+            row = item if isinstance(item, Row) else self._start(item)
+            if row is None:
                 continue
             if len(row.ids) - row.start > self.backend.block_size or (row.exact and row.start > 0):
                 self._recompute.rows.append(row)  # exact mode, a prompt past the window: full-window forwards from now
@@ -276,6 +321,15 @@ class Scheduler:
         for rows in groups.values():
             self._prefill(rows)
         return used
+
+    def _start(self, stream: Stream) -> Row | None:
+        """A new request's row (None: its own state could not be made, and it ended with the error)."""
+        stream.admitted_at = time.perf_counter()
+        try:
+            return Row(stream, self.backend.block_size, self.backend.vocab_size)
+        except Exception as e:
+            self._end(stream, EngineError(f"the request could not start: {type(e).__name__}: {e}"))
+            return None
 
     def _prefill(self, rows: list[Row]) -> None:
         """Prefills `rows` (windows of one length) as new rows of the batch, in one forward pass (or, if that fails,
@@ -349,9 +403,12 @@ class Scheduler:
                 self._recompute.rows.append(row)
 
     def _score(self, budget: int) -> None:
-        """Runs chunks of the queued scorings, in turn, within `budget` tokens (at least one chunk)."""
+        """Runs chunks of the queued scorings, in turn, within `budget` tokens (at least one chunk), or within their
+        share (`scoring_share`) while rows decode or requests wait."""
         if not self._queue.scoring:
             return
+        if self._batch.rows or self._recompute or self._queue.counts()[0]:
+            budget = min(budget, self.scoring_share)
         forwards, ended = self._queue.scoring.run(budget)
         self.steps += forwards
         for job, error in ended:

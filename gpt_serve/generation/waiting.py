@@ -1,6 +1,8 @@
-"""What waits for a scheduler's loop (`WaitingQueue`): the requests submitted and not yet admitted, first in first
-out, and the prompts to score (a `logprobs.ScoringQueue`), bounded together by `max_queue`. Other threads add, the
-loop takes; one lock guards both queues and whether the scheduler is closed. numpy only.
+"""What waits for a scheduler's loop (`WaitingQueue`): the requests submitted and not yet admitted and the rows it
+preempted (`requeue`), first in first out, and the prompts to score (a `logprobs.ScoringQueue`), bounded together
+by `max_queue` (a preempted row takes the place of the request that took its row, so preemption never grows the
+queue). Other threads add, the loop takes; one lock guards both queues and whether the scheduler is closed. numpy
+only.
 """
 
 from __future__ import annotations
@@ -10,26 +12,28 @@ from collections import deque
 
 from .backends.protocol import Backend
 from .logprobs import ScoringQueue
-from .requests import Scoring, ServerBusy, Stream
+from .requests import SchedulerClosed, Scoring, ServerBusy, Stream
+from .rows import Row
 
 __all__ = ["WaitingQueue"]
 
 
 class WaitingQueue:
-    """Submitted streams (FIFO) and prompts to score (`scoring`), at most `max_queue` of them together."""
+    """Submitted streams and preempted rows (FIFO) and prompts to score (`scoring`), at most `max_queue` of them
+    together."""
 
-    def __init__(self, backend: Backend, max_queue: int, max_tokens_per_step: int):
+    def __init__(self, backend: Backend, max_queue: int, scoring_chunk_tokens: int):
         self.lock = threading.Lock()
         self.max_queue = max_queue
         self.closed = False  # once closed, nothing more is queued
-        self.streams: deque[Stream] = deque()
-        self.scoring = ScoringQueue(backend, max_tokens_per_step, self.lock)
+        self.streams: deque[Stream | Row] = deque()
+        self.scoring = ScoringQueue(backend, scoring_chunk_tokens, self.lock)
 
     def add(self, item: Stream | Scoring) -> None:
-        """Queues `item`: a RuntimeError once closed, `ServerBusy` when `max_queue` requests are waiting."""
+        """Queues `item`: `SchedulerClosed` once closed, `ServerBusy` when `max_queue` requests are waiting."""
         with self.lock:
             if self.closed:
-                raise RuntimeError("the scheduler is closed")
+                raise SchedulerClosed("the scheduler is closed")
             queued = len(self.streams) + len(self.scoring)
             if queued >= self.max_queue:
                 raise ServerBusy(
@@ -41,6 +45,11 @@ class WaitingQueue:
             else:
                 self.streams.append(item)
 
+    def requeue(self, row: Row) -> None:
+        """A preempted row, last in line (it rejoins when its turn comes, as a request does)."""
+        with self.lock:
+            self.streams.append(row)
+
     def close(self) -> None:
         with self.lock:
             self.closed = True
@@ -49,34 +58,40 @@ class WaitingQueue:
         with self.lock:
             return self.closed
 
-    def counts(self) -> tuple[int, int]:
-        """(streams waiting, prompts to score)."""
+    def counts(self) -> tuple[int, int, int]:
+        """(streams and preempted rows waiting, prompts to score, those of them begun)."""
         with self.lock:
-            return len(self.streams), len(self.scoring)
+            return len(self.streams), len(self.scoring), self.scoring.started()
 
-    def pop(self, room: int | None, block_size: int) -> Stream | None:
-        """The next stream, if one waits and its first window (its prompt, at most `block_size` tokens) fits in `room`
-        tokens (None: whatever its size)."""
+    def pop(self, room: int | None, block_size: int) -> Stream | Row | None:
+        """The next stream or preempted row, if one waits and its window (a stream's prompt, at most `block_size`
+        tokens) fits in `room` tokens (None: whatever its size)."""
         with self.lock:
             if not self.streams:
                 return None
-            if room is not None and min(len(self.streams[0].request.prompt_ids), block_size) > room:
+            head = self.streams[0]
+            size = len(head.ids) - head.start if isinstance(head, Row) else len(head.request.prompt_ids)
+            if room is not None and min(size, block_size) > room:
                 return None
             return self.streams.popleft()
 
     def remove_cancelled(self) -> list[Stream | Scoring]:
-        """Takes out what its consumer cancelled; returns it."""
+        """Takes out what its consumer cancelled; returns it (a preempted row as its stream)."""
         if not self.streams and not self.scoring:  # read without the lock: looked at again next iteration
             return []
         with self.lock:
-            cancelled = [s for s in self.streams if s.cancelled.is_set()]
-            for stream in cancelled:
-                self.streams.remove(stream)
-            return [*cancelled, *self.scoring.remove_cancelled()]
+            cancelled = [s for s in self.streams if _stream(s).cancelled.is_set()]
+            for item in cancelled:
+                self.streams.remove(item)
+            return [*map(_stream, cancelled), *self.scoring.remove_cancelled()]
 
     def clear(self) -> list[Stream | Scoring]:
-        """Takes out everything; returns it."""
+        """Takes out everything; returns it (a preempted row as its stream)."""
         with self.lock:
-            items = [*self.streams, *self.scoring.clear()]
+            items = [*map(_stream, self.streams), *self.scoring.clear()]
             self.streams.clear()
             return items
+
+
+def _stream(item: Stream | Row) -> Stream:
+    return item.stream if isinstance(item, Row) else item

@@ -14,6 +14,7 @@ from ..generation.fields import RequestError, check_value, show_value
 from ..generation.spec import GenerationRequest, check_prompts, parse_request
 from . import chat
 from .registry import ModelRegistry, ModelUnavailable
+from .request_caps import RequestCaps
 
 MAX_CHOICES = 16  # n (and best_of): choices a request may ask for, each a row of its own
 # OpenAI fields accepted only at the value that means "off" (what this server does not implement)
@@ -180,6 +181,32 @@ def parse_completion(body: Any, registry: ModelRegistry, default_backend: str, l
         echo,
         request.logprobs,
     )
+
+
+def check_caps(job: Job, caps: RequestCaps) -> None:
+    """A 400 naming the cap when `job` asks more than `caps` allow one request: its rows times max_tokens, or the
+    logprob entries its rows would accumulate (each token's own and its top ones; echoed prompts are bounded by the
+    specification's limit of a request's prompt tokens)."""
+    rows, tokens = len(job.prompts) * job.best_of, job.request.max_new_tokens
+    if rows * tokens > caps.max_request_tokens:
+        raise APIError(
+            400,
+            f"{rows} choices x max_tokens {tokens:,} = {rows * tokens:,} tokens is over this server's limit of "
+            f"{caps.max_request_tokens:,} tokens a request (--max-request-tokens): ask for fewer choices or tokens",
+            "max_tokens",
+        )
+    if job.logprobs is None:
+        return
+    entries = rows * tokens * (job.logprobs + 1)
+    if entries > caps.max_request_logprobs:
+        raise APIError(
+            400,
+            f"{rows} choices x max_tokens {tokens:,} x {job.logprobs + 1} logprobs a token = {entries:,} logprobs is "
+            f"over this server's limit of "
+            f"{caps.max_request_logprobs:,} a request (--max-request-logprobs): ask for fewer choices, tokens or "
+            f"top logprobs",
+            "logprobs",
+        )
 
 
 def _check_prompts(prompts: list, rows_each: int) -> None:

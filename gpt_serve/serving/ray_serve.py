@@ -26,8 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..extras import missing_extra
 from ..generation.backends.loading import check_backend_key
 from ..generation.fields import DEFAULT_BACKEND, MAX_NEW_TOKENS
-from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
+from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_PREEMPT_AFTER
 from .registry import ModelRegistry
+from .request_caps import MAX_REQUEST_LOGPROBS, MAX_REQUEST_TOKENS, RequestCaps
 from .server_limits import BODY_TIMEOUT, MAX_BODY_BYTES, ServerLimits
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,13 @@ class RayServeOptions(BaseModel):
     max_tokens_limit: int = Field(
         MAX_NEW_TOKENS, ge=1, le=MAX_NEW_TOKENS, description="the largest max_tokens accepted"
     )
+    preempt_after: int | None = Field(
+        DEFAULT_PREEMPT_AFTER,
+        ge=1,
+        description="tokens a row makes before it yields to a waiting request (None: never)",
+    )
+    max_request_tokens: int = Field(MAX_REQUEST_TOKENS, ge=1, description="choices x max_tokens of one request")
+    max_request_logprobs: int = Field(MAX_REQUEST_LOGPROBS, ge=1, description="logprob entries of one request")
     max_body_bytes: int = Field(MAX_BODY_BYTES, ge=1, description="the largest request body accepted (413 past it)")
     body_timeout: float = Field(BODY_TIMEOUT, gt=0, description="seconds a request body may take to arrive (408)")
     generation_config: Literal["auto", "vllm"] = Field(
@@ -86,7 +94,7 @@ class RayServeOptions(BaseModel):
         return ModelRegistry.serving(
             (*self.models, *self.model_dirs), self.served_model_names, self.models_root, threads=self.replica_threads,
             max_batch=self.max_batch, max_queue=self.max_queue,
-            generation_config=self.generation_config,
+            generation_config=self.generation_config, preempt_after=self.preempt_after,
         )  # fmt: skip
 
 
@@ -112,9 +120,10 @@ def replica_app(options: RayServeOptions, replica_id: str) -> FastAPI:
         api_key=options.api_key, metrics_need_key=options.metrics_need_key, allow_origins=options.allow_origins
     )
     limits = ServerLimits(max_body_bytes=options.max_body_bytes, body_timeout=options.body_timeout)
+    caps = RequestCaps(options.max_request_tokens, options.max_request_logprobs)
     return create_app(
         registry, replica_id=replica_id, default_backend=options.backend, max_tokens_limit=limit, limits=limits,
-        **access,
+        caps=caps, **access,
     )  # fmt: skip
 
 

@@ -27,7 +27,7 @@ from ..generation.fields import BACKENDS, RequestError, resolve_backend, show_va
 from ..generation.folder_defaults import check_mode, read_generation_defaults
 from ..generation.requests import Request
 from ..generation.runner import torch_runner
-from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, Scheduler
+from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_PREEMPT_AFTER, Scheduler
 from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, model_path, read_config
 from ..onnx_contract import onnx_path
 
@@ -124,6 +124,7 @@ class ModelRegistry:
         generation_config: "auto": a request's defaults are its model folder's `generation_config.json`
             (`gpt_serve.generation.folder_defaults`); "vllm": the request specification's own.
         default: the default model (`default_model`; None: the shipped default if present, else the first).
+        preempt_after: the tokens a row makes before it yields to a waiting request (None: never; `Scheduler`).
     """
 
     def __init__(
@@ -135,6 +136,7 @@ class ModelRegistry:
         max_queue: int = DEFAULT_MAX_QUEUE,
         generation_config: str = "auto",
         default: str | None = None,
+        preempt_after: int | None = DEFAULT_PREEMPT_AFTER,
     ):
         if not folders:
             raise ValueError("a ModelRegistry needs at least one model name")
@@ -144,7 +146,7 @@ class ModelRegistry:
         self.folders = {name: (Path(f) if f is not None else None) for name, f in folders.items()}
         self.threads = threads
         self.models_root = Path(models_root)  # where a missing named model was looked for
-        self.max_batch, self.max_queue = max_batch, max_queue
+        self.max_batch, self.max_queue, self.preempt_after = max_batch, max_queue, preempt_after
         self.generation_config = check_mode(generation_config)
         self._folder_records: dict[tuple[str, str], Any] = {}  # (model, what) -> its defaults or chat format
         self._loaded: dict[tuple[str, str], Any] = {}
@@ -349,7 +351,9 @@ class ModelRegistry:
             with self._locks_lock:
                 if key not in self._schedulers or self._schedulers[key].closed:
                     runner = _runner(key[1])
-                    self._schedulers[key] = Scheduler(loaded.backend, self.max_batch, self.max_queue, runner=runner)
+                    self._schedulers[key] = Scheduler(
+                        loaded.backend, self.max_batch, self.max_queue, runner=runner, preempt_after=self.preempt_after
+                    )
                 scheduler = self._schedulers[key]
         return scheduler
 

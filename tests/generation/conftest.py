@@ -90,3 +90,12 @@ class FakeBatch:
 @pytest.fixture
 def fake():
     return FakeBackend()
+
+
+def counting_windows(monkeypatch, block_size: int = 8) -> tuple[FakeBackend, list[int]]:
+    """A fake whose `window_logits` records how many windows each call reads: (the fake, that list)."""
+    backend = FakeBackend(block_size=block_size)
+    windows: list[int] = []
+    full = backend.window_logits
+    monkeypatch.setattr(backend, "window_logits", lambda ids: windows.append(len(ids)) or full(ids))
+    return backend, windows

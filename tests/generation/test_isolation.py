@@ -20,7 +20,7 @@ from gpt_serve.generation.runner import InlineRunner
 from gpt_serve.generation.scheduler import Scheduler
 from gpt_serve.generation.text import TextStream
 
-from .conftest import FakeBackend
+from .conftest import FakeBackend, counting_windows
 
 MARK = 666  # the seed of the request made to fail
 
@@ -241,10 +241,7 @@ def test_scoring_long_prompts_leaves_a_one_token_request_one_iteration_away(scor
 def test_a_scoring_chunk_is_bounded_by_the_step_budget(monkeypatch):
     """Every iteration's scoring stays within `max_tokens_per_step` (here 8 windows of 8), and the entries are the
     ones computed at once."""
-    backend = FakeBackend(block_size=8)
-    windows: list[int] = []
-    full = backend.window_logits
-    monkeypatch.setattr(backend, "window_logits", lambda ids: windows.append(len(ids)) or full(ids))
+    backend, windows = counting_windows(monkeypatch)
     scheduler = Scheduler(backend, max_batch=4, max_tokens_per_step=64, runner=InlineRunner())
     try:
         ids = list(range(1, 11)) * 100

@@ -12,6 +12,7 @@ from ...generation.fields import DEFAULT_BACKEND
 from ..limits import BodyLimits, Drain, KeyGate, ServerLimits, body_limits, open_paths
 from ..metrics import Metrics
 from ..registry import ModelRegistry
+from ..request_caps import RequestCaps
 from . import completions, errors, health, models, tokens
 from .access import guarded_route, preflight_router
 from .errors import add_error_handlers
@@ -30,12 +31,13 @@ def create_router(
     metrics_need_key: bool = False,
     allow_origins: tuple[str, ...] | list[str] = (),
     drain: Drain | None = None,
+    caps: RequestCaps | None = None,
 ) -> APIRouter:
     """The API's routes over `registry` (see the package docstring); `drain` holds the open requests, for the
-    server's shutdown (`gpt_serve.serving.limits`). With `api_key`, every route but those of `limits.open_paths`
-    (and the CORS preflights) needs it."""
+    server's shutdown (`gpt_serve.serving.limits`); `caps` bound what one request may ask in all. With `api_key`,
+    every route but those of `limits.open_paths` (and the CORS preflights) needs it."""
     state = APIState(registry, Metrics(registry), drain or Drain(), default_backend, max_tokens_limit,
-                     tuple(allow_origins))  # fmt: skip
+                     tuple(allow_origins), caps or RequestCaps())  # fmt: skip
     router = APIRouter(route_class=guarded_route(state, api_key))
     unlocked = APIRouter(route_class=guarded_route(state, None))
     unlocked_paths = open_paths(metrics_need_key)

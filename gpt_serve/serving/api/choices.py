@@ -10,11 +10,11 @@ import time
 from fastapi import Request
 
 from ...generation.fields import RequestError
-from ...generation.requests import ServerBusy
+from ...generation.requests import SchedulerClosed, ServerBusy
 from ...generation.text import TextStream
 from ..limits import Drain
 from ..metrics import Metrics
-from ..protocol import APIError, Job
+from ..protocol import SHUTTING_DOWN, APIError, Job
 from ..registry import ModelRegistry, ModelUnavailable
 from .errors import unavailable
 from .tokens import decode_ids
@@ -66,17 +66,25 @@ def start_choices(registry: ModelRegistry, job: Job, metrics: Metrics, drain: Dr
                 index = i * job.best_of + j
                 try:
                     text = TextStream(scheduler, loaded.vocab, request, index, prompt=prompt)
-                except ServerBusy as e:
-                    raise APIError(429, str(e), None, "server_busy") from None
                 except RequestError as e:
                     where = f"prompt {i}: " if len(job.prompts) > 1 else ""
                     raise APIError(400, f"{where}{e}", e.field) from None
                 drain.open.add(text)
                 choices.append(Choice(index, text, job, metrics))
-    except APIError:
+    except BaseException as e:  # a refusal after some choices started: none of them is left behind
         end_choices(choices, drain)
-        raise
+        raise refusal(e) from None
     return choices
+
+
+def refusal(e: BaseException) -> BaseException:
+    """The APIError of the engine's refusal `e` (a full queue: 429; a scheduler closed by the shutdown: 503), or `e`
+    itself."""
+    if isinstance(e, ServerBusy):
+        return APIError(429, str(e), None, "server_busy")
+    if isinstance(e, SchedulerClosed):
+        return APIError(503, "the server is shutting down", None, "server_error", SHUTTING_DOWN)
+    return e
 
 
 def end_choices(choices: list[Choice], drain: Drain) -> None:
@@ -96,9 +104,11 @@ async def cancel_on_disconnect(http: Request, work: list) -> None:
             (item.text if isinstance(item, Choice) else item).cancel()
 
 
-def score_prompts(registry: ModelRegistry, job: Job, choices: list[Choice]) -> list:
+def score_prompts(registry: ModelRegistry, job: Job, choices: list[Choice], drain: Drain) -> list:
     """Per prompt, the scheduled scoring of its own tokens (OpenAI's echo with logprobs), None where there is
-    nothing to score (no echo of logprobs, or a stream): chunks between decode steps, beside the generation."""
+    nothing to score (no echo of logprobs, or a stream): chunks between decode steps, beside the generation. A
+    refusal (429) releases all the request has started: its scorings, and its choices' rows and places in
+    `drain`."""
     if not job.echo or job.stream:
         return []
     if job.logprobs is None:
@@ -108,10 +118,9 @@ def score_prompts(registry: ModelRegistry, job: Job, choices: list[Choice]) -> l
     try:
         for k in range(0, len(choices), job.best_of):
             scorings.append(scheduler.score(choices[k].text.prompt_ids, job.logprobs))
-    except ServerBusy as e:
+    except BaseException as e:
         for scoring in scorings:
             scoring.cancel()
-        for choice in choices:
-            choice.text.cancel()
-        raise APIError(429, str(e), None, "server_busy") from None
+        end_choices(choices, drain)
+        raise refusal(e) from None
     return scorings

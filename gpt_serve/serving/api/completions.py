@@ -13,7 +13,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ...generation.requests import EngineError
 from ..limits import Drain, read_json
-from ..protocol import SHUTTING_DOWN, APIError, Job, answer, parse_chat, parse_completion
+from ..protocol import SHUTTING_DOWN, APIError, Job, answer, check_caps, parse_chat, parse_completion
 from .choices import Choice, cancel_on_disconnect, end_choices, score_prompts, start_choices
 from .errors import error_response, model_failure, run_on_worker
 from .state import APIState, APIStateDep
@@ -36,10 +36,11 @@ async def serve(http: Request, state: APIState, parse: Callable[..., Job]) -> Re
     """A completions or chat request (`parse` reads its body), answered in OpenAI's format, streamed or whole."""
     try:
         job = parse(await read_json(http), state.registry, state.default_backend, state.max_tokens_limit)
+        check_caps(job, state.caps)
         if state.drain.closing:
             raise APIError(503, "the server is shutting down", None, "server_error", SHUTTING_DOWN)
         choices = await run_on_worker(start_choices, state.registry, job, state.metrics, state.drain)
-        scorings = score_prompts(state.registry, job, choices)
+        scorings = score_prompts(state.registry, job, choices, state.drain)
     except APIError as e:
         return error_response(e)
     cid = f"{'chatcmpl' if job.kind == 'chat' else 'cmpl'}-{secrets.token_hex(12)}"

@@ -17,12 +17,14 @@ from ...generation.fields import DEFAULT_BACKEND
 from ..limits import Drain
 from ..metrics import Metrics
 from ..registry import ModelRegistry
+from ..request_caps import RequestCaps
 
 
 @dataclass(frozen=True)
 class APIState:
     """The API's shared state: the models, the metrics, the open requests (`drain`, for the server's shutdown), the
-    backend of a request that names none, the server's limit of max_tokens and the browser origins allowed (CORS)."""
+    backend of a request that names none, the server's limit of max_tokens, the browser origins allowed (CORS) and
+    the caps on what one request may ask in all."""
 
     registry: ModelRegistry
     metrics: Metrics
@@ -30,6 +32,7 @@ class APIState:
     default_backend: str = DEFAULT_BACKEND
     max_tokens_limit: int | None = None
     allow_origins: tuple[str, ...] = ()
+    caps: RequestCaps = RequestCaps()
 
 
 def bind_state(http: Request, state: APIState) -> None:

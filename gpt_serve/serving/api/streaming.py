@@ -52,7 +52,9 @@ def choice_item(job: Job, choice: Choice, piece: str, sent: int) -> dict:
     """A chunk's item for `piece`, the choice's text after its first `sent` characters."""
     chat, logprobs, t = job.kind == "chat", None, choice.text
     if job.logprobs is not None:
-        ids, entries = t.vocab.encode(piece), t.logprobs[sent : sent + len(piece)]
+        held = t.stream.logprobs  # one entry per token (a character): forgotten once sent
+        ids, entries = t.vocab.encode(piece), held[sent : sent + len(piece)]
+        held.release(sent + len(piece))
         logprobs = chat_logprobs(t.vocab, ids, entries) if chat else completion_logprobs(t.vocab, ids, entries, sent)
     item = {"index": choice.index, "logprobs": logprobs, "finish_reason": t.finish_reason}
     item.update({"delta": {"content": piece} if piece else {}} if chat else {"text": piece})
