@@ -204,3 +204,33 @@ def test_the_shipped_tokenizer_json_files_apply_the_replace_policy(name):
     assert (folder / "tokenizer.json").read_text("utf-8") == fast_tokenizer(vocab).to_str(pretty=True)
     fast = Tokenizer.from_file(str(folder / "tokenizer.json"))
     assert fast.encode(UNKNOWN).ids == vocab.encode(UNKNOWN, "replace")
+
+
+def test_the_documented_tokenizer_route_is_quiet_on_a_shipped_folder(tmp_path):
+    """docs/runtimes.md's route without gpt_serve, `PreTrainedTokenizerFast.from_pretrained(folder)`, logs nothing
+    (AutoTokenizer logs transformers' "You are using a model of type `chargpt`..." line: it loads the folder's config
+    first, and without the model's code transformers knows no `chargpt`), gives AutoTokenizer's ids and carries the
+    folder's chat template."""
+    import json
+
+    from gpt_serve.models import model_path
+    from tests.conftest import run_without_gpt_serve
+
+    folder = str(model_path("shakespeare"))
+    script = f"""
+        import json, sys
+        from transformers import PreTrainedTokenizerFast
+
+        tok = PreTrainedTokenizerFast.from_pretrained({folder!r})
+        batch = tok(["ROMEO:", "JULIET: O"], padding=True)
+        prompt = tok.apply_chat_template([{{"role": "user", "content": "Good morrow."}}], tokenize=False,
+                                         add_generation_prompt=True)
+        sys.stderr.flush()
+        print("RESULT " + json.dumps([batch.input_ids[0], tok.decode(batch.input_ids[1], skip_special_tokens=True),
+                                      prompt]))
+    """
+    result = run_without_gpt_serve(script, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr == ""
+    (line,) = [line.removeprefix("RESULT ") for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert json.loads(line) == [[65, 65, 65, 30, 27, 25, 17, 27, 10], "JULIET: O", "ROMEO:\nGood morrow.\n\nJULIET:\n"]
