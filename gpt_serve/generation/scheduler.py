@@ -220,10 +220,13 @@ class Scheduler:
         try:
             self._drop_cancelled()
             preempted = self._preempt()
-            budget = self.max_tokens_per_step - len(self._batch)  # what the decode step leaves for the rest
-            budget -= self._admit(budget)
-            for row in preempted:  # queued once their rows are taken: the queue never holds more than before
-                self._queue.requeue(row)
+            self._queue.reserve(len(preempted))  # their places, before admissions free the waiting requests'
+            try:
+                budget = self.max_tokens_per_step - len(self._batch)  # what the decode step leaves for the rest
+                budget -= self._admit(budget)
+            finally:
+                for row in preempted:  # queued once their rows are taken: the queue never holds more than before
+                    self._queue.requeue(row)
             self._recompute_some()
             self._score(budget)
             if ready is None or not ready():

@@ -26,6 +26,7 @@ class WaitingQueue:
         self.lock = threading.Lock()
         self.max_queue = max_queue
         self.closed = False  # once closed, nothing more is queued
+        self.reserved = 0  # places held for rows preempted this iteration, until `requeue` queues them
         self.streams: deque[Stream | Row] = deque()
         self.scoring = ScoringQueue(backend, scoring_chunk_tokens, self.lock)
 
@@ -34,7 +35,7 @@ class WaitingQueue:
         with self.lock:
             if self.closed:
                 raise SchedulerClosed("the scheduler is closed")
-            queued = len(self.streams) + len(self.scoring)
+            queued = len(self.streams) + len(self.scoring) + self.reserved
             if queued >= self.max_queue:
                 raise ServerBusy(
                     f"server busy: {queued} requests are already waiting (the limit is {self.max_queue}); try again "
@@ -45,9 +46,17 @@ class WaitingQueue:
             else:
                 self.streams.append(item)
 
-    def requeue(self, row: Row) -> None:
-        """A preempted row, last in line (it rejoins when its turn comes, as a request does)."""
+    def reserve(self, n: int) -> None:
+        """Holds `n` places for rows being preempted: while the requests they make room for leave the queue, no new
+        request takes those places (`add` counts them), so the queue never holds more than `max_queue`."""
         with self.lock:
+            self.reserved += n
+
+    def requeue(self, row: Row) -> None:
+        """A preempted row, last in line (it rejoins when its turn comes, as a request does), in a place `reserve`
+        held."""
+        with self.lock:
+            self.reserved -= 1
             self.streams.append(row)
 
     def close(self) -> None:

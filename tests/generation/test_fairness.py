@@ -138,3 +138,27 @@ def test_scoring_counts_as_running_once_begun_and_as_waiting_before():
         assert (scheduler.stats()["active"], scheduler.stats()["waiting"]) == (0, 0)
     finally:
         scheduler.close()
+
+
+def test_a_preempted_rows_place_is_held_while_the_requests_it_makes_room_for_leave_the_queue():
+    """The race CI found: between admitting the waiting requests and queueing the rows preempted for them, the queue
+    looked short, and a new request got in past `max_queue`. `reserve` holds their places from the start."""
+    from types import SimpleNamespace
+
+    from gpt_serve.generation.requests import ServerBusy
+    from gpt_serve.generation.waiting import WaitingQueue
+
+    queue = WaitingQueue(FakeBackend(), max_queue=2, scoring_chunk_tokens=64)
+    waiting = [SimpleNamespace(request=SimpleNamespace(prompt_ids=[1, 2])) for _ in range(2)]
+    for stream in waiting:
+        queue.add(stream)
+    queue.reserve(2)  # two rows preempted for them
+    assert [queue.pop(None, 8), queue.pop(None, 8)] == waiting  # admitted
+    with pytest.raises(ServerBusy, match="the limit is 2"):
+        queue.add(SimpleNamespace(request=SimpleNamespace(prompt_ids=[3])))
+    rows = [SimpleNamespace(ids=[1, 2, 3], start=0) for _ in range(2)]
+    for row in rows:
+        queue.requeue(row)
+    assert queue.reserved == 0 and list(queue.streams) == rows
+    with pytest.raises(ServerBusy):
+        queue.add(SimpleNamespace(request=SimpleNamespace(prompt_ids=[3])))
