@@ -112,7 +112,7 @@ def demo_stream(
     http = httpx.Client(base_url=f"{url}/gradio_api/call/generate", timeout=600, limits=unlimited)
     visitors = secrets.token_hex(4)
     settings = dict(prompt=prompt, max_new_tokens=tokens, temperature=0.8, top_k=None, top_p=1.0)
-    settings.update(backend=backend, model=model, window_mode=window_mode, unk_policy="error")
+    settings.update(backend=backend, model=model, window_mode=window_mode, unk_policy="error", structured_outputs=None)
 
     def consume(seed: int):
         session = None if new_sessions else f"{visitors}-{seed}"
@@ -147,7 +147,7 @@ def gradio_client_stream(
 
     client = Client(url, verbose=False, max_workers=streams + 2, analytics_enabled=False)
     settings = dict(prompt=prompt, max_new_tokens=tokens, temperature=0.8, top_k=None, top_p=1.0)
-    settings.update(backend=backend, model=model, window_mode=window_mode, unk_policy="error")
+    settings.update(backend=backend, model=model, window_mode=window_mode, unk_policy="error", structured_outputs=None)
 
     def consume(seed: int):
         seen = 0

@@ -42,8 +42,9 @@ from .attention import VIEW_CSS, VIEW_JS
 from .captions import PENDING_CAPTION, example_prompts, intro, page_title, range_note_js
 from .comparison import Comparison
 from .form import FORM
+from .format_control import format_control
 from .generation import Activity, Limits
-from .handlers import FIELDS, SAMPLING_SLIDERS, DemoHandlers
+from .handlers import PAGE_FIELDS, SAMPLING_SLIDERS, DemoHandlers
 
 # A fresh ticket for each run started from the page; its Stop sends the ticket back (see `StopRequests`). A run also
 # enables its Stop (`DemoHandlers.ui_generate_ended` / `ui_compare_ended` disable it again) and clears what the page
@@ -167,7 +168,7 @@ def build_demo(
 
 
 def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, default_backend: str) -> SimpleNamespace:
-    """The page's components; `form` holds the request's, in the order of `FIELDS`. The prompt, the buttons and
+    """The page's components; `form` holds the request's, in the order of `PAGE_FIELDS`. The prompt, the buttons and
     the output come first, the settings beside them (below them on a narrow screen, where the columns wrap)."""
     ui = SimpleNamespace()
     with gr.Row():
@@ -177,14 +178,8 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
             ui.prompt = gr.Textbox(default_prompt, label=FORM["prompt"]["label"], lines=4, elem_id="prompt")
             with gr.Row():
                 ui.generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", min_width=100)
-                ui.stop_btn = gr.Button(
-                    "Stop",
-                    variant="stop",
-                    interactive=False,
-                    elem_id="stop-btn",
-                    elem_classes="stop-btn",
-                    min_width=100,
-                )
+                ui.stop_btn = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop-btn",
+                                        elem_classes="stop-btn", min_width=100)  # fmt: skip
             ui.output = gr.Textbox(  # a few lines until text comes, then it grows
                 label="Output",
                 lines=4,
@@ -217,6 +212,7 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
                 )
             ui.model_info = gr.Markdown(elem_id="model-info")
             with gr.Accordion("Sampling", open=True, elem_id="sampling"):
+                format_control(ui)  # a regex or choices the text must fit (demo.format_control); folded on a phone
                 # the sliders' ranges: the server's limit of new tokens, and what is worth sliding through
                 ui.max_new_tokens = _field(gr.Slider, "max_new_tokens", 1, limits.max_new_tokens, step=1)
                 ui.temperature = _field(gr.Slider, "temperature", 0, 2, step=0.05)
@@ -244,7 +240,7 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
     ui.compare_btn = None
     if handlers.comparison is not None:
         _compare_layout(ui, handlers.comparison)
-    ui.form = [getattr(ui, name) for name in FIELDS]
+    ui.form = [getattr(ui, name) for name in PAGE_FIELDS]
     return ui
 
 
@@ -411,10 +407,14 @@ def _explain_bad_inputs(demo: gr.Blocks) -> None:
     demo.preprocess_data = preprocess_data
 
 
+OBJECT_INPUTS = ("structured_outputs",)  # /generate's inputs that take a JSON object (named by `describe_parameters`)
+
+
 def _validate_inputs(block_fn, inputs: list) -> None:
     """Replaces Gradio's check of an event's input values (its ValueError reaches a client as `{"error": null}`, and
     it lets extra values through unread): too few or too many values, or a list or dict (a file-shaped value, say)
-    where every input of this demo takes text or a number, get a `gr.Error` that names the event and what it takes."""
+    where an input takes text or a number (all but /generate's `OBJECT_INPUTS`), get a `gr.Error` that names the
+    event and what it takes."""
     names = [getattr(block, "label", None) or type(block).__name__ for block in block_fn.inputs]
     event = block_fn.api_name or block_fn.name
     if len(inputs) != len(block_fn.inputs):
@@ -423,7 +423,8 @@ def _validate_inputs(block_fn, inputs: list) -> None:
             print_exception=False,
         )
     for block, name, value in zip(block_fn.inputs, names, inputs):
-        if not block.stateful and isinstance(value, (dict, list)):  # a State's value is the server's own
+        # a State's value is the server's own; an object input's value is checked by the request specification
+        if not block.stateful and name not in OBJECT_INPUTS and isinstance(value, (dict, list)):
             raise gr.Error(
                 f"{event}: {name} takes text or a number, got a {type(value).__name__} (files are not accepted)",
                 print_exception=False,

@@ -28,6 +28,7 @@ from .attention import prompt_attention, render_heads
 from .captions import FAILED, attention_caption, compare_status, example_prompts, model_line, stats_line
 from .comparison import Column, comparison_for
 from .form import FORM
+from .format_control import in_page_words, page_message, structured_outputs
 from .generation import (
     Activity,
     GenerationRequest,
@@ -120,12 +121,18 @@ class DemoHandlers:
             return self.stream_interval
         return max(self.stream_interval, self._updating / self.max_updates_per_second)
 
-    def _parse(self, form) -> GenerationRequest:
-        """Checks the request fields (`FIELDS`, in order); None for backend and model means the defaults."""
-        form = dict(zip(FIELDS, form, strict=True))
+    def _parse(self, form: dict) -> GenerationRequest:
+        """Checks the request fields (`FIELDS`, by name); None for backend and model means the defaults."""
+        form = {**form}
         form["backend"] = self.default_backend if form["backend"] is None else form["backend"]
         form["model"] = self.default_model if form["model"] is None else form["model"]
         return parse_request(self.registry, self.limits, form)
+
+    def _parse_page(self, form) -> GenerationRequest:
+        """Checks the page's form (`PAGE_FIELDS`, in order): its Format control becomes `structured_outputs`."""
+        form = dict(zip(PAGE_FIELDS, form, strict=True))
+        form["structured_outputs"] = structured_outputs(form.pop("format"), form.pop("format_text"))
+        return self._parse(form)
 
     @sends_updates
     def generate(
@@ -140,6 +147,7 @@ class DemoHandlers:
         model: str | None = None,
         window_mode: str = DEFAULT_WINDOW_MODE,
         unk_policy: str = "error",
+        structured_outputs: dict | None = None,
     ) -> Iterator[str]:
         """Streams the continuation of a prompt, without the prompt: each result is the whole text so far.
 
@@ -155,13 +163,14 @@ class DemoHandlers:
             model: which model to run (a shipped model's name); None for the server's default.
             window_mode: past block_size, exact (the lesson's sliding window) or refill (faster, restarts the cache).
             unk_policy: characters outside the vocabulary: error (refuse, naming them), replace (by a space) or drop.
+            structured_outputs: what the text must be: {"regex": R}, {"choice": [A, B]}, {"json": schema}; None: any.
 
         Returns:
             the generated text so far (streamed: each update replaces the previous one).
         """
         sent = locals()
         try:
-            request = self._parse([sent[name] for name in FIELDS])
+            request = self._parse({name: sent[name] for name in FIELDS})
             last = None
             progress = stream_progress(self.registry, request, self.activity, poll_interval=self.interval)
             for p in throttle(progress, self.interval):
@@ -203,13 +212,13 @@ class DemoHandlers:
 
     @sends_updates
     def ui_generate(self, page: gr.Request, ticket: str | None, *form):
-        """The Generate button (`form`: the `FIELDS`): yields (output: prompt + text so far, stats, status). A bad
+        """The Generate button (`form`: the `PAGE_FIELDS`): yields (output: prompt + text so far, stats, status). A bad
         request or a failure is said once, in the status line (starting with `FAILED`), beside an empty output: no
         text of an earlier run stays beside it."""
         if page is not None:
             self.stops.supersede((page.session_hash, "generate"), ticket)
         try:
-            request = self._parse(form)
+            request = self._parse_page(form)
             progress = stream_progress(
                 self.registry,
                 request,
@@ -222,7 +231,7 @@ class DemoHandlers:
                 status = "Stopped." if p.stopped else "Done." if p.done else "Generating…"
                 yield p.prompt + p.text, stats_line(p, request) if p.tokens or p.done else "", status
         except RequestError as e:
-            yield "", "", f"{FAILED} {e}"
+            yield "", "", f"{FAILED} {page_message(e)}"
         except Exception as e:
             logger.exception("generation failed")
             yield "", "", f"{FAILED} generation failed: {type(e).__name__}: {e}"
@@ -309,22 +318,24 @@ class DemoHandlers:
 
     @sends_updates
     def ui_compare(self, page: gr.Request, ticket: str | None, *form):
-        """The comparison (`form`: the `FIELDS`, its model ignored): yields (one text per column of `columns`...,
+        """The comparison (`form`: the `PAGE_FIELDS`, its model ignored): yields (one text per column of `columns`...,
         status: the prompt and seed they all got). A column that cannot run says why (and the status how many ran);
         a bad request empties the columns and says why in the status."""
         if page is not None:
             self.stops.supersede((page.session_hash, "compare"), ticket)
         try:
-            base = self._parse(form)
+            base = self._parse_page(form)
             streams = [
                 column.problem
                 or column.registry.unavailable_reason(column.name, base.backend)
-                or stream_progress(
-                    column.registry,
-                    dataclasses.replace(base, model=column.name),
-                    self.activity,
-                    should_stop=lambda: self.stops.is_stopped(ticket),
-                    unk_hint=PAGE_UNK_HINT,
+                or in_page_words(
+                    stream_progress(
+                        column.registry,
+                        dataclasses.replace(base, model=column.name),
+                        self.activity,
+                        should_stop=lambda: self.stops.is_stopped(ticket),
+                        unk_hint=PAGE_UNK_HINT,
+                    )
                 )
                 for column in self.columns
             ]
@@ -335,7 +346,7 @@ class DemoHandlers:
             status = compare_status(base.prompt, base.seed, end, failed=len(failed), columns=len(streams))
             yield *[gr.skip()] * len(self.compared), status
         except RequestError as e:
-            yield *[""] * len(self.compared), f"{FAILED} {e}"
+            yield *[""] * len(self.compared), f"{FAILED} {page_message(e)}"
         finally:
             self.stops.forget(ticket)
 
@@ -360,5 +371,8 @@ class DemoHandlers:
         return gr.Button(interactive=page is not None and self.stops.has_runs(page.session_hash, (kind,)))
 
 
-# The fields of a generation request, in the order the UI and `_parse` pass them: the /generate API's parameters.
+# The fields of a generation request: the /generate API's parameters, in order.
 FIELDS = tuple(inspect.signature(DemoHandlers.generate).parameters)[1:]
+# The page's form, in the order the page passes it: the fields, its Format control (`demo.format_control`: a kind and
+# a text) in place of structured_outputs.
+PAGE_FIELDS = (*(name for name in FIELDS if name != "structured_outputs"), "format", "format_text")

@@ -136,16 +136,14 @@ CASES = [
         "sampled past block_size",
         dict(prompt=SHAKESPEARE, window_mode="refill", temperature=0.9, seed=11, max_new_tokens=40),
     ),
-    # structured outputs (docs/structured.md; the demo has no Format control yet)
+    # structured outputs (docs/structured.md; the demo's /generate takes structured_outputs, not logit_bias)
     Case(
         "a regex, greedy",
         dict(prompt="ROMEO:\n", structured_outputs={"regex": SPEAKER_LINE}, **G),
-        surfaces_without=("demo",),
     ),
     Case(
         "a regex, sampled",
         dict(prompt="ROMEO:\n", structured_outputs={"regex": SPEAKER_LINE}, temperature=1, seed=6, max_new_tokens=80),
-        surfaces_without=("demo",),
     ),
     Case(
         "choices, sampled",
@@ -155,12 +153,10 @@ CASES = [
             seed=2,
             max_new_tokens=20,
         ),
-        surfaces_without=("demo",),
     ),
     Case(
         "a regex past block_size",
         dict(prompt=SHAKESPEARE, structured_outputs={"regex": "[a-z ]+"}, temperature=0.9, seed=7, max_new_tokens=30),
-        surfaces_without=("demo",),
     ),
     Case(
         "logit_bias",
@@ -174,13 +170,11 @@ CASES = [
         ),
         refusal="structured_outputs.json: this model's vocabulary cannot write any text the constraint accepts: it "
         "lacks the characters '\"' '0' '1' '2' '4' '5' '6' '7' '8' '9' '{' '}'",
-        surfaces_without=("demo",),
     ),
     Case(
         "a malformed regex",
         dict(prompt="ROMEO:", structured_outputs={"regex": "[A-Z"}),
         refusal="structured_outputs.regex: the regex is malformed or unsupported",
-        surfaces_without=("demo",),
     ),
 ]
 
@@ -308,15 +302,54 @@ def ray_replica(s, loaded, backend, f):
 
 
 def demo(s, loaded, backend, f):
+    """The demo's /generate function; for a regex or choices also the page's Generate with its Format control set to
+    them, which must give the same text, or the same refusal in the control's words."""
     import gradio as gr
 
-    keys = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "window_mode", "unk_policy")
+    from demo.captions import FAILED
+    from demo.format_control import page_message
+
+    keys = (
+        "max_new_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "seed",
+        "window_mode",
+        "unk_policy",
+        "structured_outputs",
+    )
     kwargs = {k: f[k] for k in keys if k in f}
     try:
         texts = list(s.handlers.api_generate()(f.get("prompt", ""), backend=backend, model=MODEL, **kwargs))
+        result = texts[-1] if texts else ""
     except gr.Error as e:
-        raise Refused(e.message) from None
-    return texts[-1] if texts else ""
+        result = Refused(e.message)
+    if {"regex", "choice"} & set(f.get("structured_outputs", {})):
+        said = (
+            isinstance(result, Refused) and f"{FAILED} {page_message(RequestError(str(result), 'structured_outputs'))}"
+        )
+        page = demo_page(s, backend, dict(kwargs), f.get("prompt", ""))
+        assert page == (said or result), (page, result)
+    if isinstance(result, Refused):
+        raise result
+    return result
+
+
+def demo_page(s, backend, kwargs, prompt):
+    """The page's Generate (`DemoHandlers.ui_generate`) with the Format control set to the request's regex or choices
+    (one per line): the text after the prompt, or the status line of a refusal."""
+    import inspect
+
+    from demo.handlers import PAGE_FIELDS
+
+    structured = kwargs.pop("structured_outputs")
+    kind = "regex" if "regex" in structured else "choice"
+    box = structured["regex"] if kind == "regex" else "\n".join(structured["choice"])
+    values = {name: p.default for name, p in inspect.signature(s.handlers.generate).parameters.items()}
+    values.update(kwargs, prompt=prompt, backend=backend, model=MODEL, format=kind, format_text=box)
+    *_, (output, _, status) = s.handlers.ui_generate(None, None, *[values[name] for name in PAGE_FIELDS])
+    return output[len(prompt) :] if output else status
 
 
 def beside_neighbours(s, loaded, backend, f):

@@ -97,11 +97,11 @@ GOOD = dict(
 
 
 def form(**changes) -> list:
-    """The UI's inputs (in `FIELDS` order): GOOD with `changes`."""
-    from demo.handlers import FIELDS
+    """The page's inputs (in `PAGE_FIELDS` order): GOOD, the Format control on free text, with `changes`."""
+    from demo.handlers import PAGE_FIELDS
 
-    values = {**GOOD, **changes}
-    return [values[name] for name in FIELDS]
+    values = {**GOOD, "format": "text", "format_text": "", **changes}
+    return [values[name] for name in PAGE_FIELDS]
 
 
 @pytest.fixture(scope="module")

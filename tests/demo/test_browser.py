@@ -272,3 +272,40 @@ def test_a_second_click_never_runs_two_streams_into_one_box(chromium, server):
     page.locator("#stop-btn").click()
     assert wait_until(lambda: server.activity.snapshot()["active"] == 0, timeout=2)
     page.close()
+
+
+def pick_format(page, label: str) -> None:
+    page.locator("#format input").click()
+    page.get_by_role("option", name=label, exact=True).click()
+
+
+def test_the_format_control_choices_a_bad_regex_and_the_note_about_the_browser_page(chromium, server):
+    """Choices typed one per line: the text is one of them. The box and the note that the in-browser page has no
+    format show only while a format is chosen; a malformed regex is one line in the status."""
+    wait_idle(server.activity)
+    page = open_demo(chromium, server.url)
+    box, note, status = page.locator("#format-text textarea"), page.locator("#format-note"), page.locator("#status")
+    assert not box.is_visible() and note.inner_text() == ""
+    pick_format(page, "Choices")
+    box.wait_for(state="visible")
+    assert "one per line" in page.locator("#format-text").inner_text()
+    assert wait_until(lambda: "in-browser page" in note.inner_text(), timeout=5), note.inner_text()
+    assert "does not support a format" in note.inner_text() and note.locator("a").get_attribute("href") == "browser/"
+    box.fill("Ay.\nNo, my lord.")
+    start_generation(page, "ROMEO:\n", 40)
+    assert wait_until(lambda: status.inner_text() == "Done.", timeout=15), status.inner_text()
+    assert page.locator("#output textarea").input_value() in ("ROMEO:\nAy.", "ROMEO:\nNo, my lord.")
+
+    pick_format(page, "Regex")
+    assert wait_until(lambda: "must match" in page.locator("#format-text").inner_text(), timeout=5)
+    box.fill("[A-Z")
+    page.locator("#generate-btn").click()
+    assert wait_until(lambda: "Format (Regex): the regex is malformed" in status.inner_text(), timeout=10)
+    assert "\n" not in status.inner_text() and output_length(page) == 0 and page.locator(".toast-item").count() == 0
+
+    pick_format(page, "Free text")
+    assert wait_until(lambda: not box.is_visible() and note.inner_text() == "", timeout=5)
+    start_generation(page, "ROMEO:", 30)  # the page serves on, free text again (the box's regex is not sent)
+    assert wait_until(lambda: status.inner_text() == "Done.", timeout=15), status.inner_text()
+    assert output_length(page) == len("ROMEO:") + 30
+    page.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,7 +35,7 @@ def test_generate_is_the_only_public_endpoint_and_has_named_parameters(client):
     assert list(api["named_endpoints"]) == ["/generate"] and not api["unnamed_endpoints"]
     names = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
     assert names[: len(API_PARAMETERS)] == API_PARAMETERS
-    assert names[len(API_PARAMETERS) :] == ["window_mode", "unk_policy"]  # optional extras
+    assert names[len(API_PARAMETERS) :] == ["window_mode", "unk_policy", "structured_outputs"]  # optional extras
 
 
 def test_the_api_page_describes_every_parameter_with_its_choices(client, registry):
@@ -52,6 +53,8 @@ def test_the_api_page_describes_every_parameter_with_its_choices(client, registr
     # None: the model folder's default (its generation_config.json)
     assert parameters["max_new_tokens"]["python_type"]["type"] == "None | int"
     assert parameters["max_new_tokens"]["parameter_default"] is None
+    assert parameters["structured_outputs"]["parameter_default"] is None
+    assert '{"choice": [A, B]}' in parameters["structured_outputs"]["python_type"]["description"]
     (output,) = endpoint["returns"]
     assert output["python_type"]["type"] == "str"
 
@@ -150,6 +153,10 @@ BAD_API_INPUTS = [
     (dict(model="nope"), "unknown model 'nope'"),
     (dict(model="ladder-d"), "model 'ladder-d' is not available on this server"),
     (dict(model="ladder-b", backend="onnx-int8"), "ONNX Runtime int8 is not available for model 'ladder-b'"),
+    (dict(structured_outputs={"regex": "[A-Z"}), "structured_outputs.regex: the regex is malformed or unsupported"),
+    (dict(structured_outputs={"choice": ["{}"]}), "it lacks the characters '{' '}'"),
+    (dict(structured_outputs={"grammar": "start: 'a'"}), "structured_outputs.grammar: grammars are not supported"),
+    (dict(structured_outputs="Ay."), "structured_outputs must be an object with one of ['regex', 'choice'"),
 ]
 
 
@@ -160,6 +167,30 @@ def test_bad_inputs_get_errors_and_the_server_stays_healthy(client, server):
         assert message in str(error.value), (bad, str(error.value))
     assert len(client.predict(prompt="ROMEO:", max_new_tokens=25, model="tiny", api_name="/generate")) == 25
     wait_idle(server.activity)
+
+
+CHOICES = ["Ay.", "No, my lord.", "Nay"]
+
+
+def test_generate_takes_structured_outputs(client, server):
+    """The same field as the OpenAI API's, with the same text as the library for the same seed."""
+    wait_idle(server.activity)
+    for seed in range(3):
+        field = {"choice": CHOICES}
+        text = client.predict(
+            prompt="ROMEO:", max_new_tokens=30, seed=seed, structured_outputs=field, api_name="/generate"
+        )
+        assert text in CHOICES
+    regex = r"[A-Z][a-z]{2,6}[.!?]"
+    text = client.predict(
+        prompt="ROMEO:", max_new_tokens=30, seed=4, structured_outputs={"regex": regex}, api_name="/generate"
+    )
+    assert re.fullmatch(regex, text), text
+    loaded = server.demo.registry.backend("tiny", "torch")
+    expected = generate_text(
+        loaded.backend, loaded.vocab, "ROMEO:", 30, SamplingParams(), seed=4, structured_outputs={"regex": regex}
+    )
+    assert text == expected
 
 
 def test_replacement_of_unknown_characters_is_opt_in(client):

@@ -138,13 +138,13 @@ def test_a_chunked_body_is_cut_off_at_the_limit():
 def test_too_few_values_and_file_shaped_values_get_a_message(server):
     fn_index = next(i for i, fn in server.demo.fns.items() if fn.api_name == "generate")
     answer = post(server.url + "/gradio_api/run/predict", {"fn_index": fn_index, "data": ["ROMEO:"]})
-    assert "generate takes 10 values (prompt, max_new_tokens," in json.dumps(answer), answer
-    for count in (11, 100):  # extra values are not ignored either
+    assert "generate takes 11 values (prompt, max_new_tokens," in json.dumps(answer), answer
+    for count in (12, 100):  # extra values are not ignored either
         answer = post(server.url + "/gradio_api/run/predict", {"fn_index": fn_index, "data": ["ROMEO:"] * count})
-        assert "generate takes 10 values (prompt, max_new_tokens," in json.dumps(answer), answer
+        assert "generate takes 11 values (prompt, max_new_tokens," in json.dumps(answer), answer
         assert f"got {count}" in json.dumps(answer), answer
     file_like = {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}
-    answer = post(server.url + "/gradio_api/run/predict", {"fn_index": fn_index, "data": [file_like] + [None] * 9})
+    answer = post(server.url + "/gradio_api/run/predict", {"fn_index": fn_index, "data": [file_like] + [None] * 10})
     assert "prompt takes text or a number, got a dict (files are not accepted)" in json.dumps(answer), answer
 
 

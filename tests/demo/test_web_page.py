@@ -357,6 +357,23 @@ def test_the_demo_serves_the_page_on_its_default_model(chromium, server):
     assert got["ids"] == python_greedy(backend, "refill", 40)
 
 
+def test_from_the_demos_format_control_to_the_page_which_says_it_has_none(chromium, server):
+    """A visitor who chose a format in the demo and follows the note's link to the in-browser page reads there, beside
+    its settings, that the page writes free text only, with a link back to the demo."""
+    page = open_page(chromium, server.url, ready=False)  # the Gradio page
+    page.locator("#format input").click()
+    page.get_by_role("option", name="Regex", exact=True).click()
+    link = page.locator("#format-note a", has_text="in-browser page")
+    assert link.get_attribute("href") == "browser/"  # Gradio opens a Markdown link in a new tab: followed here
+    page.goto(f"{server.url}/browser/")
+    page.locator("#model-status.done").wait_for()
+    note = page.locator("#format-note")
+    assert note.is_visible() and note.inner_text().startswith("No Format here: this page always writes free text.")
+    assert note.locator("a").get_attribute("href") == "../"
+    assert note.bounding_box()["y"] > page.locator("#unk-policy").bounding_box()["y"]  # under the settings
+    page.close()
+
+
 STYLE = """selector => { const s = getComputedStyle(document.querySelector(selector));
   return {background: s.backgroundColor, color: s.color, radius: s.borderRadius, width: s.width}; }"""
 
