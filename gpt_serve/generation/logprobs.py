@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -106,12 +106,15 @@ class ScoringQueue:
         self.jobs.clear()
         return jobs
 
-    def run(self, budget: int) -> tuple[int, list[tuple[Scoring, BaseException | None]]]:
-        """Runs chunks of the queued jobs, in turn, within `budget` tokens (at least one chunk). Returns the forward
-        passes run and the jobs that ended, each with its error (a failure is the prompt's own) or None."""
+    def run(
+        self, budget: int, interrupted: Callable[[], bool] = lambda: False
+    ) -> tuple[int, list[tuple[Scoring, BaseException | None]]]:
+        """Runs chunks of the queued jobs, in turn, within `budget` tokens (at least one chunk), and no further chunk
+        once `interrupted()` (asked between chunks) is true. Returns the forward passes run and the jobs that ended,
+        each with its error (a failure is the prompt's own) or None."""
         forwards = spent = 0
         ended: list[tuple[Scoring, BaseException | None]] = []
-        while self.jobs and (spent == 0 or spent + self.chunk_tokens <= budget):
+        while self.jobs and (spent == 0 or (spent + self.chunk_tokens <= budget and not interrupted())):
             job, chunks = self.jobs[0]
             try:
                 spent += next(chunks)

@@ -18,7 +18,8 @@ tokens; requests whose windows have the same length are prefilled together, in o
 (`score`: a prompt's own logprobs, `echo`, in chunks of full windows). Each of them gets at least one unit per
 iteration, so none starves; none runs unbounded, so a long prompt to score or a burst of arrivals delays the others
 by a few steps, not by its whole cost. While rows decode or requests wait, scoring gets at most
-`max_scoring_tokens_per_step` of it (one chunk), so the decode steps keep their pace beside a flood of scoring.
+`max_scoring_tokens_per_step` of it (one chunk), so the decode steps keep their pace beside a flood of scoring; alone,
+it takes the whole budget, but a request that arrives meanwhile stops it after the chunk at hand.
 
 Fair sharing of the rows (preemption by recompute, as vLLM preempts for memory): while requests wait for a row and
 none is free, a row that has made `preempt_after` tokens since it joined leaves the batch, its KV cache dropped, and
@@ -228,6 +229,8 @@ class Scheduler:
                 for row in preempted:  # queued once their rows are taken: the queue never holds more than before
                     self._queue.requeue(row)
             self._recompute_some()
+            self._publish()  # a consistent reading (the admitted rows run), before their readers wake
+            self._wake_async()  # the first tokens of the rows just admitted go out now, not after the scoring
             self._score(budget)
             if ready is None or not ready():
                 self._decode()
@@ -407,12 +410,13 @@ class Scheduler:
 
     def _score(self, budget: int) -> None:
         """Runs chunks of the queued scorings, in turn, within `budget` tokens (at least one chunk), or within their
-        share (`scoring_share`) while rows decode or requests wait."""
+        share (`scoring_share`) while rows decode or requests wait. A request that arrives meanwhile ends the run
+        after the chunk at hand, so it waits for one chunk, not for the whole budget."""
         if not self._queue.scoring:
             return
         if self._batch.rows or self._recompute or self._queue.counts()[0]:
             budget = min(budget, self.scoring_share)
-        forwards, ended = self._queue.scoring.run(budget)
+        forwards, ended = self._queue.scoring.run(budget, self._queue.has_streams)
         self.steps += forwards
         for job, error in ended:
             self._end(job, error)

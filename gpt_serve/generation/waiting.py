@@ -67,6 +67,10 @@ class WaitingQueue:
         with self.lock:
             return self.closed
 
+    def has_streams(self) -> bool:
+        """Whether a stream or a preempted row waits (read without the lock: a deque's length is one atomic read)."""
+        return bool(self.streams)
+
     def counts(self) -> tuple[int, int, int]:
         """(streams and preempted rows waiting, prompts to score, those of them begun)."""
         with self.lock:
