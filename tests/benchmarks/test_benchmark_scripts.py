@@ -242,3 +242,13 @@ def test_structured_benchmark():
     )
     assert "onnx       3 streams x 8 tokens" in out and "ratio" in out
     assert "compile, small JSON schema" in out and "compile, speaker-line regex" in out
+
+
+@pytest.mark.slow
+def test_finetune_benchmark(data_path, tmp_path):
+    text = tmp_path / "own.txt"  # any text: the script's plumbing, not its figures
+    text.write_text(data_path.read_text()[:60_000])
+    out = run_script(
+        "finetune.py", *("--data", str(text), "--threads", "1", "--max-iters", "4", "--out", str(tmp_path / "runs"))
+    )
+    assert out.count("| 4 |") == 2 and out.count("| 8 |") == 1  # tuned and scratch at 4 steps, the longer at 8
