@@ -6,14 +6,11 @@ on the scheduler that servers run (one token loop for everything), stepped on th
         print(piece, end="")
 
 A prompt gets the same tokens here as from a server, whatever else the server runs: the same forward passes
-(`Scheduler`, on an `InlineRunner`), the same sampler, the same window rule past `block_size`
-(`gpt_serve.chargpt.window`),
-and the same checks (`spec`). The engine knows nothing about what computes the logits (a `Backend`).
+(`Scheduler`, on an `InlineRunner`), the same sampler, the same window rule and the same checks.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Iterator, Sequence
 
@@ -25,7 +22,7 @@ from .requests import Request
 from .runner import InlineRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
-from .spec import offset_seed, parse_request
+from .spec import GenerationRequest, offset_seed
 from .text import TextStream
 
 __all__ = ["WINDOW_MODES", "Backend", "generate_text", "generate_tokens", "inline_scheduler", "stream_text"]
@@ -113,16 +110,22 @@ def stream_text(
     are picked (default: plain sampling at temperature 1); `seed` None draws one. `stop`: a string or up to four;
     the text ends before the first one. `structured_outputs` (vLLM's: `{"regex": ...}`, `{"choice": [...]}`,
     `{"json": schema}`), `response_format` (OpenAI's), `logit_bias` and `allowed_token_ids` constrain the text
-    (docs/structured.md). Every argument is checked by the request specification (`spec`), as a server checks it:
-    a bad one raises its `RequestError` (a ValueError) at the first `next()`.
+    (docs/structured.md). Every argument is checked by `GenerationRequest`, as a server's request is: a bad one raises
+    its `RequestError` (a ValueError) at the first `next()`.
     """
-    sampling = sampling or SamplingParams()
-    given = {"seed": seed, "stop": stop, "window_mode": window_mode, "refill_tokens": refill_tokens}
-    given |= {"structured_outputs": structured_outputs, "response_format": response_format}
-    given |= {"logit_bias": logit_bias, "allowed_token_ids": allowed_token_ids}
-    sampling_fields = {f.name: getattr(sampling, f.name) for f in dataclasses.fields(sampling)}
-    request = parse_request(
-        {"prompt": prompt, "max_new_tokens": max_new_tokens, "unk_policy": unk_policy, **sampling_fields, **given}
+    request = GenerationRequest(
+        prompt,
+        max_new_tokens,
+        sampling=sampling or SamplingParams(),
+        seed=seed,
+        stop=stop,
+        window_mode=window_mode,
+        refill_tokens=refill_tokens,
+        unk_policy=unk_policy,
+        structured_outputs=structured_outputs,
+        response_format=response_format,
+        logit_bias=logit_bias,
+        allowed_token_ids=allowed_token_ids,
     )
     scheduler = inline_scheduler(backend)
     try:

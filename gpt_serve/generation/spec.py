@@ -13,7 +13,7 @@ format. Why each limit is what it is:
 
 - `max_new_tokens` (OpenAI's `max_tokens`) in [1, 100,000]: ten times the lesson's longest generation (10,000
   characters into `more.txt`), a few minutes of one stream on a CPU, so no request runs for hours; a server may
-  lower it (`max_new_tokens_limit`). Default 256 (OpenAI's legacy 16 is a word here); a served model's folder sets
+  lower it (`max_tokens_limit`). Default 256 (OpenAI's legacy 16 is a word here); a served model's folder sets
   its own defaults of the sampling fields and this one (`folder_defaults`, `parse_request(..., defaults=...)`).
 - `temperature` in [0, 2], `top_p` in (0, 1], `presence_penalty` and `frequency_penalty` in [-2, 2]: the OpenAI
   wire format's ranges; temperature 0 is greedy, and so is any below `sampling.GREEDY_BELOW` (1e-5: dividing by
@@ -46,7 +46,7 @@ from __future__ import annotations
 import numbers
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from ..chargpt.window import DEFAULT_WINDOW_MODE
@@ -95,8 +95,11 @@ def check_prompts(prompts: list, rows_each: int = 1) -> None:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A checked request: every field in range, of the right type, defaults filled in (see the module docstring).
-    `backend` and `model` are None where the sender left them to the server."""
+    """A checked request. The constructor is the check: every field against the request table (`FIELDS`, OpenAI's
+    ranges), `max_tokens_limit` (a server's cap) bounding `max_new_tokens`; RequestError naming the first bad
+    field. A seed of None or -1 is drawn here (`seed_was_random`). `sampling` (the sampler's settings, held by
+    reference by every choice and row) is made from the sampling fields, or given instead of them. `backend` and
+    `model` are None where the sender left them to the server. Frozen: nothing edits it once checked."""
 
     prompt: str = ""
     max_new_tokens: int = 256
@@ -108,32 +111,58 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     min_p: float = 0.0
     logprobs: int | None = None
-    seed: int = 0
-    seed_was_random: bool = False
+    seed: int | None = 0
     stop: tuple[str, ...] = ()
     window_mode: str = DEFAULT_WINDOW_MODE
     refill_tokens: int | None = None
     unk_policy: str = "error"
     structured_outputs: Constraint | None = None
     response_format: Constraint | None = None
-    logit_bias: tuple[tuple[int, float], ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] | None = None  # None: () once checked
     allowed_token_ids: tuple[int, ...] | None = None
     backend: str | None = None
     model: str | None = None
-    sampling: SamplingParams = field(init=False, repr=False, compare=False)
+    sampling: SamplingParams | None = field(default=None, repr=False, compare=False)
+    seed_was_random: bool = False  # (set when the seed is drawn here)
+    max_tokens_limit: InitVar[int | None] = None
 
-    def __post_init__(self):
-        # checked by `parse_request` already: made once, held by reference by every choice and row
-        sampling = SamplingParams.checked(
-            temperature=self.temperature,
-            top_k=self.top_k or None,
-            top_p=self.top_p,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            min_p=self.min_p,
-        )
-        object.__setattr__(self, "sampling", sampling)
+    def __post_init__(self, max_tokens_limit: int | None):
+        for f in FIELDS:
+            if f.name in SAMPLING_FIELDS:
+                continue
+            value = getattr(self, f.name)
+            if f.name == "seed":
+                self._set_seed(value)
+            elif f.kind in CHECKS:
+                object.__setattr__(self, f.name, _check_structured(f.kind, value))
+            else:
+                object.__setattr__(self, f.name, check_value(f.name, value, _cap(f.name, max_tokens_limit)))
+            if f.name == "max_new_tokens":  # the sampler's fields in the table's order
+                self._set_sampling()
+        if self.window_mode == "exact" and self.refill_tokens is not None:
+            raise RequestError("refill_tokens applies only with window_mode 'refill'", "refill_tokens")
+        if self.structured_outputs and self.response_format:
+            raise RequestError("give structured_outputs or a JSON response_format, not both", "response_format")
+
+    def _set_seed(self, seed: Any) -> None:
+        random_seed = seed is None or (isinstance(seed, numbers.Real) and not isinstance(seed, bool) and seed == -1)
+        object.__setattr__(self, "seed", secrets.randbelow(RANDOM_SEEDS) if random_seed else check_value("seed", seed))
+        object.__setattr__(self, "seed_was_random", random_seed or self.seed_was_random)
+
+    def _set_sampling(self) -> None:
+        """`sampling` from the sampling fields (its constructor checks them), or the fields from a given `sampling`."""
+        sampling = self.sampling
+        if sampling is None:
+            values = {name: getattr(self, name) for name in SAMPLING_FIELDS}
+            sampling = SamplingParams(**{**values, "top_k": values["top_k"] or None})
+            object.__setattr__(self, "sampling", sampling)
+        elif not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        elif any(getattr(self, name) not in (FIELDS_BY_NAME[name].default, _field_of(sampling, name))
+                 for name in SAMPLING_FIELDS):  # fmt: skip
+            raise RequestError("give sampling or its fields (temperature, top_k, ...), not both", "sampling")
+        for name in SAMPLING_FIELDS:
+            object.__setattr__(self, name, _field_of(sampling, name))
 
     @property
     def constraint(self) -> Constraint | None:
@@ -145,18 +174,40 @@ class GenerationRequest:
         return offset_seed(self.seed, index)
 
 
+# the fields that make `GenerationRequest.sampling` (checked by `SamplingParams`)
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+SAMPLING_FIELDS += ("min_p",)
+
+
+def _field_of(sampling: SamplingParams, name: str) -> Any:
+    return sampling.top_k or 0 if name == "top_k" else getattr(sampling, name)
+
+
+def _check_structured(kind: str, value: Any) -> Any:
+    """`CHECKS[kind]` of `value`, which may be what that check made already (a `dataclasses.replace` of a request)."""
+    if isinstance(value, Constraint):
+        return value
+    if kind == "logit_bias" and isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        value = dict(value)
+    return CHECKS[kind](value)
+
+
+def _cap(name: str, max_tokens_limit: int | None) -> int | None:
+    return max_tokens_limit if name == "max_new_tokens" else None
+
+
 def offset_seed(seed: int, index: int) -> int:
     """The seed of item `index` of a list sent with `seed`: `seed + index`, wrapping inside the seed range."""
     return (seed + index) % (MAX_SEED + 1)
 
 
 def parse_request(
-    values: Mapping[str, Any], max_new_tokens_limit: int | None = None, defaults: Mapping[str, Any] | None = None
+    values: Mapping[str, Any], max_tokens_limit: int | None = None, defaults: Mapping[str, Any] | None = None
 ) -> GenerationRequest:
-    """Checks what a user sent (field names or their aliases, see `FIELDS`); RequestError naming the first bad or
-    unknown field otherwise. `max_new_tokens_limit` is a server's lower limit; `defaults` (checked values, a model
-    folder's: `folder_defaults.read_generation_defaults`) replace the specification's for fields not sent (None is
-    not sent); a default `max_new_tokens` over the limit is lowered to it. Loads nothing."""
+    """A `GenerationRequest` from what a user sent: field names or their aliases (see `FIELDS`); RequestError naming
+    an unknown or repeated field, or the first bad value. `max_tokens_limit` is a server's cap of `max_new_tokens`;
+    `defaults` (a model folder's: `folder_defaults.read_generation_defaults`) replace the table's for fields not sent
+    (None is not sent); a default `max_new_tokens` over the cap is lowered to it. Loads nothing."""
     if not isinstance(values, Mapping):
         raise RequestError(f"a request must be a mapping of field names to values, got {type(values).__name__}")
     given: dict[str, Any] = {}
@@ -168,23 +219,12 @@ def parse_request(
         if name in given:
             raise RequestError(f"{sent_as[name]} and {key} are the same field: give one of them", name)
         given[name], sent_as[name] = value, key
-    seed = given.pop("seed", None)
     for name, value in (defaults or {}).items():
-        if given.get(name) is None:
-            given[name] = min(value, max_new_tokens_limit or value) if name == "max_new_tokens" else value
-    checked = {
-        f.name: CHECKS[f.kind](given.get(f.name))
-        if f.kind in CHECKS
-        else check_value(f.name, given.get(f.name), max_new_tokens_limit if f.name == "max_new_tokens" else None)
-        for f in FIELDS
-    }
-    random_seed = seed is None or (isinstance(seed, numbers.Real) and not isinstance(seed, bool) and seed == -1)
-    checked["seed"] = secrets.randbelow(RANDOM_SEEDS) if random_seed else check_value("seed", seed)
-    if checked["window_mode"] == "exact" and checked["refill_tokens"] is not None:
-        raise RequestError("refill_tokens applies only with window_mode 'refill'", "refill_tokens")
-    if checked["structured_outputs"] and checked["response_format"]:
-        raise RequestError("give structured_outputs or a JSON response_format, not both", "response_format")
-    return GenerationRequest(**checked, seed_was_random=random_seed)
+        if name != "seed" and given.get(name) is None:
+            given[name] = min(value, max_tokens_limit or value) if name == "max_new_tokens" else value
+    given.setdefault("seed", None)  # left out: drawn
+    return GenerationRequest(**{k: v for k, v in given.items() if v is not None or k == "seed"},
+                             max_tokens_limit=max_tokens_limit)  # fmt: skip
 
 
 def spec_table() -> dict[str, dict[str, Any]]:
