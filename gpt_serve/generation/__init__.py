@@ -9,7 +9,7 @@
   (`parse_request` -> `GenerationRequest`, `RequestError`);
 - `backends.loading`: `load_backend`, the table of backend keys (`BACKENDS`) and their aliases, the checks every
   backend needs;
-- `backends.protocol`: the `Backend` protocol (and its `DecodeBatch`) that `backends.torch_backend` (`TorchBackend`,
+- `backends.interface`: the `Backend` protocol (and its `DecodeBatch`) that `backends.torch_backend` (`TorchBackend`,
   its fast decode path in `backends.torch_decode`) and `backends.onnx_backend` (`OnnxBackend`) implement;
 - `scheduler`: the one token loop, continuous batching (`Scheduler`), which decides who runs; below it `batch` (the
   running batch and the exact-mode rows: the forward passes), `waiting` (the queue), `rows` (a row's state and the
@@ -27,8 +27,8 @@ Importing this package imports neither torch nor onnxruntime; each backend modul
 """
 
 from ..chargpt.window import DEFAULT_WINDOW_MODE, WINDOW_MODES, window_keep
+from .backends.interface import Backend
 from .backends.loading import LoadedModel, load_backend
-from .backends.protocol import Backend
 from .fields import BACKENDS, RequestError
 from .inline import generate_text, generate_tokens, stream_text
 from .requests import EngineError

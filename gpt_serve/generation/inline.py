@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from ..chargpt.window import DEFAULT_WINDOW_MODE, WINDOW_MODES, window_keep
-from .backends.protocol import Backend, left_pad
+from .backends.interface import Backend, left_pad
 from .requests import Request
 from .runner import InlineRunner
 from .sampling import SamplingParams

@@ -10,7 +10,7 @@ only its errors (`RequestError`, `ServerBusy`) to its own wire format.
 
 from __future__ import annotations
 
-from .backends.protocol import check_token_ids
+from .backends.interface import check_token_ids
 from .constraints import compile_constraint
 from .fields import RequestError
 from .requests import EngineError, Request, Stream
