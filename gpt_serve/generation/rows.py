@@ -54,8 +54,7 @@ class Row:
         if s.repetition_penalty != 1.0:
             self.seen = np.zeros(vocab_size, dtype=bool)
             self.seen[self.ids] = True
-        # The window is ids[start:] (`gpt_serve.chargpt.window`); a prompt longer than the window starts from its last
-        # `keep`
+        # the window is ids[start:] (`gpt_serve.chargpt.window`): a prompt past it starts from its last `keep`
         self.start = window_start(len(self.ids), 0, block_size, self.keep)
         # structured outputs (`constraints`): OpenAI's logit_bias as a row over the vocabulary, and the automaton's
         # state, a function of the generated tokens (a row made again from its tokens finds it again)

@@ -34,7 +34,7 @@ class SamplingParams:
         frequency_penalty: subtracted once per occurrence in the generated text (OpenAI's rule), 0 off.
         min_p: drop tokens whose probability is below `min_p` times the most likely one's, 0 off.
 
-    The accepted ranges are the request specification's (`gpt_serve.generation.spec.FIELDS`); a value outside
+    The accepted ranges are the request table's (`gpt_serve.generation.fields.FIELDS`); a value outside
     them raises its `RequestError` (a ValueError).
     """
 

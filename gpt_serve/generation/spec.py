@@ -1,44 +1,10 @@
-"""The request specification: every generation field's type, range, default and aliases, in one table, parsed by
-one function with one set of messages. numpy-free, torch-free.
+"""A checked generation request (`GenerationRequest`, whose constructor is the check) and the parser of what a user
+sent (`parse_request`: aliases, unknown fields, a folder's defaults, a server's cap). Every surface parses into it,
+so a bad value gets the same `RequestError` everywhere; the table it checks against is `fields.FIELDS`, and
+docs/generation.md says why each limit is what it is. numpy-free, torch-free.
 
     request = parse_request({"prompt": "ROMEO:", "max_tokens": 200, "temperature": 0.8, "seed": 1})
     request.sampling        # SamplingParams(temperature=0.8, ...), what the sampler gets
-    request.seed            # 1 (a seed left out or -1 is drawn here, and `seed_was_random` says so)
-
-Every surface parses what its user sent into a `GenerationRequest` here: the library's `stream_text`, `gpt-serve
-generate`, the OpenAI API, the demo and its `/generate`, Ray Serve replicas; the browser page reads the same table
-from `demo/web/limits.json`, generated from `FIELDS` (`spec_table()`; a test keeps the file in step). A value out of
-range gets the same `RequestError` with the same message on every surface; each front end only maps it to its wire
-format. Why each limit is what it is:
-
-- `max_new_tokens` (OpenAI's `max_tokens`) in [1, 100,000]: ten times the lesson's longest generation (10,000
-  characters into `more.txt`), a few minutes of one stream on a CPU, so no request runs for hours; a server may
-  lower it (`max_tokens_limit`). Default 256 (OpenAI's legacy 16 is a word here); a served model's folder sets
-  its own defaults of the sampling fields and this one (`folder_defaults`, `parse_request(..., defaults=...)`).
-- `temperature` in [0, 2], `top_p` in (0, 1], `presence_penalty` and `frequency_penalty` in [-2, 2]: the OpenAI
-  wire format's ranges; temperature 0 is greedy, and so is any below `sampling.GREEDY_BELOW` (1e-5: dividing by
-  5e-324 would make NaN). The penalties count the generated text only, as OpenAI's do.
-- `min_p` in [0, 1] (0 = off), vLLM's and transformers' rule after temperature.
-- `logprobs` in [0, 20] (OpenAI's completions limit; null: none): how many of the most likely tokens to report
-  beside each generated token's own log-probability, of the model's distribution (before temperature, penalties
-  and filters).
-- `top_k` in [0, 1,000,000] (0 = no limit; anything from the vocabulary size up means no limit too).
-- `repetition_penalty` in [0.01, 10], transformers' rule (1 = off). Below 1 it favours repeats; a penalty far below
-  that only divides a logit into infinity (1e-300 did), which no token can be sampled from: refused here.
-- `seed` in [0, 2^53 - 1], the integers a JavaScript number holds exactly (the browser page carries it too);
-  null or -1 draws one at random (reported back). Prompt `i` of a list gets `seed + i`.
-- `prompt` at most 10,000 characters (the model reads only its last `block_size`), and a prompt of token ids at most
-  10,000 ids. The empty prompt starts the text after a newline (id 0), as the lesson's `generate(torch.zeros((1, 1)))`
-  does.
-- A request's prompt work at most 100,000 tokens (`MAX_PROMPT_WORK`): the sum over its prompts of each one's length
-  times the rows it gets (`n`, or `best_of` where that is larger; a chat has one prompt), as each row prefills, and
-  with `echo` scores, its own copy. Ten prompts of 10,000 characters fit; sixteen do not (`check_prompts`).
-- `stop`: a string or up to 4 (OpenAI's limit) non-empty strings of at most 100 characters; the text ends before
-  the first one, which is not part of it (OpenAI's rule).
-- `window_mode` `"refill"` by default (fast past `block_size`), `"exact"` for the lesson's sliding window
-  (`gpt_serve.window`); `refill_tokens` in [1, block_size - 1], default block_size // 2.
-- `unk_policy` `"error"` by default: characters outside the vocabulary are refused, named; `"replace"` makes each a
-  space, `"drop"` removes them.
 """
 
 from __future__ import annotations
