@@ -93,40 +93,19 @@ def stream_text(
     prompt: str,
     max_new_tokens: int,
     sampling: SamplingParams | None = None,
-    *,
-    seed: int | None = None,
-    window_mode: str = DEFAULT_WINDOW_MODE,
-    refill_tokens: int | None = None,
-    stop: str | Sequence[str] | None = None,
-    unk_policy: str | None = None,
-    structured_outputs: dict | None = None,
-    response_format: dict | None = None,
-    logit_bias: dict | None = None,
-    allowed_token_ids: Sequence[int] | None = None,
+    **fields,
 ) -> Iterator[str]:
     """Yields the generated text one character (one token) at a time; the prompt is not repeated.
 
     `vocab` is a `CharVocab` (`load_backend(...).vocab`, or a `CharTokenizer`'s `.vocab`); `sampling` is how tokens
-    are picked (default: plain sampling at temperature 1); `seed` None draws one. `stop`: a string or up to four;
-    the text ends before the first one. `structured_outputs` (vLLM's: `{"regex": ...}`, `{"choice": [...]}`,
-    `{"json": schema}`), `response_format` (OpenAI's), `logit_bias` and `allowed_token_ids` constrain the text
-    (docs/structured.md). Every argument is checked by `GenerationRequest`, as a server's request is: a bad one raises
-    its `RequestError` (a ValueError) at the first `next()`.
+    are picked (default: plain sampling at temperature 1). `fields` are any other fields of `GenerationRequest` (the
+    request table, docs/generation.md): `seed` (left out or None draws one), `stop` (a string or up to four; the
+    text ends before the first one), `window_mode`, `refill_tokens`, `unk_policy`, `structured_outputs`,
+    `response_format`, `logit_bias`, `allowed_token_ids` (docs/structured.md), ... Every value is checked as a
+    server checks its request's: a bad one raises its `RequestError` (a ValueError) at the first `next()`.
     """
-    request = GenerationRequest(
-        prompt,
-        max_new_tokens,
-        sampling=sampling or SamplingParams(),
-        seed=seed,
-        stop=stop,
-        window_mode=window_mode,
-        refill_tokens=refill_tokens,
-        unk_policy=unk_policy,
-        structured_outputs=structured_outputs,
-        response_format=response_format,
-        logit_bias=logit_bias,
-        allowed_token_ids=allowed_token_ids,
-    )
+    sampling = sampling or SamplingParams()
+    request = GenerationRequest(prompt, max_new_tokens, sampling=sampling, **{"seed": None, **fields})
     scheduler = inline_scheduler(backend)
     try:
         for piece in TextStream(scheduler, vocab, request):
