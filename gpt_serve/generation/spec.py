@@ -69,13 +69,14 @@ class GenerationRequest:
 
     prompt: str = ""
     max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_p: float = 0.0
+    # the sampler's fields: None (not given) is the table's default (1.0, 0, 1.0, 1.0, 0.0, 0.0, 0.0) once checked
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_p: float | None = None
     logprobs: int | None = None
     seed: int | None = 0
     stop: tuple[str, ...] = ()
@@ -117,15 +118,14 @@ class GenerationRequest:
 
     def _set_sampling(self) -> None:
         """`sampling` from the sampling fields (its constructor checks them), or the fields from a given `sampling`."""
+        given = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
         sampling = self.sampling
         if sampling is None:
-            values = {name: getattr(self, name) for name in SAMPLING_FIELDS}
-            sampling = SamplingParams(**{**values, "top_k": values["top_k"] or None})
+            sampling = SamplingParams(**{**given, "top_k": given.get("top_k") or None})
             object.__setattr__(self, "sampling", sampling)
         elif not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-        elif any(getattr(self, name) not in (FIELDS_BY_NAME[name].default, _field_of(sampling, name))
-                 for name in SAMPLING_FIELDS):  # fmt: skip
+        elif any(value != _field_of(sampling, name) for name, value in given.items()):
             raise RequestError("give sampling or its fields (temperature, top_k, ...), not both", "sampling")
         for name in SAMPLING_FIELDS:
             object.__setattr__(self, name, _field_of(sampling, name))

@@ -160,3 +160,5 @@ def test_a_replaced_request_is_a_new_checked_one():
     assert other.sampling is r.sampling and other.constraint is r.constraint
     with pytest.raises(RequestError, match="stop must be a string or a list of at most 4"):
         dataclasses.replace(r, stop=("a",) * 5)
+    with pytest.raises(RequestError, match="give sampling or its fields"):  # never the old sampler, silently
+        dataclasses.replace(r, temperature=1.0)
