@@ -3,7 +3,7 @@
 Everything here is plain Python generators over the library's scheduler (one batched decode loop per model and
 backend, `registry.scheduler`), testable without Gradio:
 
-    request = parse_request(registry, Limits(), dict(prompt="ROMEO:", max_new_tokens=200, ...))  # the library's spec
+    request = parse_form(registry, Limits(), dict(prompt="ROMEO:", max_new_tokens=200, ...))  # the library's spec
     for progress in throttle(stream_progress(registry, request), interval=0.05):
         print(progress.text, progress.tokens, progress.tokens_per_second)
 
@@ -21,12 +21,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from gpt_serve.generation.fields import MAX_NEW_TOKENS, RequestError
 from gpt_serve.generation.requests import ServerBusy
-from gpt_serve.generation.spec import GenerationRequest
-from gpt_serve.generation.spec import parse_request as parse_spec
+from gpt_serve.generation.spec import GenerationRequest, parse_request
 from gpt_serve.generation.text import UNK_HINT, TextStream, encode_prompt
 from gpt_serve.serving.registry import ModelRegistry
 
@@ -104,15 +103,14 @@ class Activity:
             )
 
 
-def parse_request(registry: ModelRegistry, limits: Limits, form: Mapping[str, object]) -> GenerationRequest:
+def parse_form(registry: ModelRegistry, limits: Limits, form: Mapping[str, object]) -> GenerationRequest:
     """Checks what a user (UI or API) sent, the parameters of `DemoHandlers.generate` by name, with the request
     specification's parser (the same messages as every other surface); the model name must be one of `registry`'s.
     A field sent as None gets the model folder's default (its generation_config.json, `registry.generation_defaults`).
     Raises `RequestError`. Does not load any model."""
     model = registry.resolve_model(form.get("model"))
     defaults = registry.generation_defaults(model)
-    request = parse_spec(form, max_new_tokens_limit=limits.max_new_tokens, defaults=defaults)
-    return replace(request, model=model)
+    return parse_request({**form, "model": model}, limits.max_new_tokens, defaults)
 
 
 class StopRequests:
@@ -215,6 +213,7 @@ def stream_progress(
     clock: Callable[[], float] = time.perf_counter,
     poll_interval: float | Callable[[], float] = 0.0,
     unk_hint: str = UNK_HINT,
+    model: str | None = None,
 ) -> Iterator[Progress]:
     """A `Progress` with no tokens once the prompt is encoded, one per new piece of text, then a last one with
     `done=True`: the request's `TextStream` (the library's, as every surface reads it). Loads the backend on first
@@ -225,10 +224,12 @@ def stream_progress(
     `should_stop` is polled before the first token and after every state yielded; once it returns True the stream
     ends with the text shown so far (the last `Progress` has `stopped=True`, whatever the loop made meanwhile) and no
     further forward pass runs. `unk_hint`: how the caller's surface accepts characters outside the vocabulary.
+    `model`: the model to run it on (None: `request.model`; the comparison runs one request on several).
     """
     start = clock()
     pace = pacer(poll_interval)
-    loaded = registry.backend(request.model, request.backend)
+    model = request.model if model is None else model
+    loaded = registry.backend(model, request.backend)
     prompt = loaded.vocab.decode(encode_prompt(loaded.vocab, request.prompt, request.unk_policy, unk_hint))
     block_size = loaded.block_size
     activity = activity or Activity()
@@ -239,7 +240,7 @@ def stream_progress(
         stopped = should_stop is not None and should_stop()
         if not stopped:
             try:
-                text = TextStream(registry.scheduler(request.model, request.backend), loaded.vocab, request)
+                text = TextStream(registry.scheduler(model, request.backend), loaded.vocab, request)
             except ServerBusy as e:
                 raise RequestError(str(e)) from None
         while text is not None and not stopped and (piece := text.take()) is not None:

@@ -6,7 +6,6 @@ page (`demo.app.build_demo`) wires its methods to buttons, and tests call them d
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import logging
@@ -35,7 +34,7 @@ from .generation import (
     Limits,
     StopRequests,
     encode_prompt,
-    parse_request,
+    parse_form,
     stream_progress,
     stream_side_by_side,
     throttle,
@@ -126,7 +125,7 @@ class DemoHandlers:
         form = {**form}
         form["backend"] = self.default_backend if form["backend"] is None else form["backend"]
         form["model"] = self.default_model if form["model"] is None else form["model"]
-        return parse_request(self.registry, self.limits, form)
+        return parse_form(self.registry, self.limits, form)
 
     def _parse_page(self, form) -> GenerationRequest:
         """Checks the page's form (`PAGE_FIELDS`, in order): its Format control becomes `structured_outputs`."""
@@ -331,10 +330,11 @@ class DemoHandlers:
                 or in_page_words(
                     stream_progress(
                         column.registry,
-                        dataclasses.replace(base, model=column.name),
+                        base,
                         self.activity,
                         should_stop=lambda: self.stops.is_stopped(ticket),
                         unk_hint=PAGE_UNK_HINT,
+                        model=column.name,
                     )
                 )
                 for column in self.columns

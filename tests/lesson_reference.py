@@ -9,7 +9,8 @@ import torch
 
 from gpt_serve.chargpt.modeling_chargpt import CharGPTForCausalLM
 from gpt_serve.chargpt.window import DEFAULT_WINDOW_MODE, window_keep, window_start
-from gpt_serve.generation.sampling import SamplingParams, sample_next
+from gpt_serve.generation.sampling import SamplingParams
+from tests.sampler import sample_next
 
 
 @torch.inference_mode()

@@ -15,7 +15,7 @@ from itertools import islice
 
 import numpy as np
 
-from .backends.protocol import Backend
+from .backends.interface import Backend
 from .requests import EngineError
 from .rows import Row
 

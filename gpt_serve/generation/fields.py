@@ -1,7 +1,6 @@
-"""The request specification's table: every generation field's type, range, default and aliases (`FIELDS`), and the
-one check of a value against it (`check_value`), with its `RequestError`. A leaf: the sampler's settings and the
-request parser (`gpt_serve.generation.spec`, which says why each limit is what it is) both read it. numpy-free,
-torch-free.
+"""The request table: every generation field's type, range, default and aliases (`FIELDS`, OpenAI's ranges), the
+one check of a value against it (`check_value`) and its `RequestError`; the backend keys (`BACKENDS`,
+`resolve_backend`). A leaf that `spec` and `sampling` read. numpy-free, torch-free.
 """
 
 from __future__ import annotations

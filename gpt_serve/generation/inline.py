@@ -6,26 +6,23 @@ on the scheduler that servers run (one token loop for everything), stepped on th
         print(piece, end="")
 
 A prompt gets the same tokens here as from a server, whatever else the server runs: the same forward passes
-(`Scheduler`, on an `InlineRunner`), the same sampler, the same window rule past `block_size`
-(`gpt_serve.chargpt.window`),
-and the same checks (`spec`). The engine knows nothing about what computes the logits (a `Backend`).
+(`Scheduler`, on an `InlineRunner`), the same sampler, the same window rule and the same checks.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from ..chargpt.window import DEFAULT_WINDOW_MODE, WINDOW_MODES, window_keep
-from .backends.protocol import Backend, left_pad
+from .backends.interface import Backend, left_pad
 from .requests import Request
 from .runner import InlineRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
-from .spec import offset_seed, parse_request
+from .spec import GenerationRequest, offset_seed
 from .text import TextStream
 
 __all__ = ["WINDOW_MODES", "Backend", "generate_text", "generate_tokens", "inline_scheduler", "stream_text"]
@@ -96,34 +93,19 @@ def stream_text(
     prompt: str,
     max_new_tokens: int,
     sampling: SamplingParams | None = None,
-    *,
-    seed: int | None = None,
-    window_mode: str = DEFAULT_WINDOW_MODE,
-    refill_tokens: int | None = None,
-    stop: str | Sequence[str] | None = None,
-    unk_policy: str | None = None,
-    structured_outputs: dict | None = None,
-    response_format: dict | None = None,
-    logit_bias: dict | None = None,
-    allowed_token_ids: Sequence[int] | None = None,
+    **fields,
 ) -> Iterator[str]:
     """Yields the generated text one character (one token) at a time; the prompt is not repeated.
 
     `vocab` is a `CharVocab` (`load_backend(...).vocab`, or a `CharTokenizer`'s `.vocab`); `sampling` is how tokens
-    are picked (default: plain sampling at temperature 1); `seed` None draws one. `stop`: a string or up to four;
-    the text ends before the first one. `structured_outputs` (vLLM's: `{"regex": ...}`, `{"choice": [...]}`,
-    `{"json": schema}`), `response_format` (OpenAI's), `logit_bias` and `allowed_token_ids` constrain the text
-    (docs/structured.md). Every argument is checked by the request specification (`spec`), as a server checks it:
-    a bad one raises its `RequestError` (a ValueError) at the first `next()`.
+    are picked (default: plain sampling at temperature 1). `fields` are any other fields of `GenerationRequest` (the
+    request table, docs/generation.md): `seed` (left out or None draws one), `stop` (a string or up to four; the
+    text ends before the first one), `window_mode`, `refill_tokens`, `unk_policy`, `structured_outputs`,
+    `response_format`, `logit_bias`, `allowed_token_ids` (docs/structured.md), ... Every value is checked as a
+    server checks its request's: a bad one raises its `RequestError` (a ValueError) at the first `next()`.
     """
     sampling = sampling or SamplingParams()
-    given = {"seed": seed, "stop": stop, "window_mode": window_mode, "refill_tokens": refill_tokens}
-    given |= {"structured_outputs": structured_outputs, "response_format": response_format}
-    given |= {"logit_bias": logit_bias, "allowed_token_ids": allowed_token_ids}
-    sampling_fields = {f.name: getattr(sampling, f.name) for f in dataclasses.fields(sampling)}
-    request = parse_request(
-        {"prompt": prompt, "max_new_tokens": max_new_tokens, "unk_policy": unk_policy, **sampling_fields, **given}
-    )
+    request = GenerationRequest(prompt, max_new_tokens, sampling=sampling, **{"seed": None, **fields})
     scheduler = inline_scheduler(backend)
     try:
         for piece in TextStream(scheduler, vocab, request):

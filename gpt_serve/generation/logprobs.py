@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .backends.protocol import Backend, describe_backend
+from .backends.interface import Backend, describe_backend
 from .requests import EngineError, Scoring
 from .sampling import log_softmax
 from .token_logprobs import TokenLogprobs
@@ -72,7 +72,7 @@ def scoring_chunks(
 
 class ScoringQueue:
     """The prompts a scheduler scores (`Scheduler.score`): each a `Scoring` and its chunks (`scoring_chunks`), run in
-    turn, one chunk at a time. Other threads add jobs under `lock` (the scheduler's, which guards its queue of
+    turn, one chunk at a time. Other threads add scorings under `lock` (the scheduler's, which guards its queue of
     requests too); `add`, `remove_cancelled` and `clear` are called under it."""
 
     def __init__(self, backend: Backend, chunk_tokens: int, lock: threading.Lock):
@@ -81,45 +81,47 @@ class ScoringQueue:
         self.chunk_tokens = self.windows * backend.block_size
         self.backend, self.lock = backend, lock
         self.name = describe_backend(backend)
-        self.jobs: deque[tuple[Scoring, Iterator[int]]] = deque()
+        self.scorings: deque[tuple[Scoring, Iterator[int]]] = deque()
 
     def __len__(self) -> int:
-        return len(self.jobs)
+        return len(self.scorings)
 
     def started(self) -> int:
-        """How many of the jobs have run a chunk already (the rest have not begun)."""
-        return sum(1 for job, _ in self.jobs if job.entries)
+        """How many of the scorings have run a chunk already (the rest have not begun)."""
+        return sum(1 for scoring, _ in self.scorings if scoring.entries)
 
-    def add(self, job: Scoring) -> None:
-        self.jobs.append((job, scoring_chunks(self.backend, job.ids, job.top_n, job.entries, self.windows)))
+    def add(self, scoring: Scoring) -> None:
+        self.scorings.append(
+            (scoring, scoring_chunks(self.backend, scoring.ids, scoring.top_n, scoring.entries, self.windows))
+        )
 
     def remove_cancelled(self) -> list[Scoring]:
-        """Takes the cancelled jobs out of the queue; returns them."""
-        gone = [pair for pair in self.jobs if pair[0].cancelled.is_set()]
+        """Takes the cancelled scorings out of the queue; returns them."""
+        gone = [pair for pair in self.scorings if pair[0].cancelled.is_set()]
         for pair in gone:
-            self.jobs.remove(pair)
-        return [job for job, _ in gone]
+            self.scorings.remove(pair)
+        return [scoring for scoring, _ in gone]
 
     def clear(self) -> list[Scoring]:
-        """Takes every job out of the queue; returns them."""
-        jobs = [job for job, _ in self.jobs]
-        self.jobs.clear()
-        return jobs
+        """Takes every scoring out of the queue; returns them."""
+        scorings = [scoring for scoring, _ in self.scorings]
+        self.scorings.clear()
+        return scorings
 
     def run(
         self, budget: int, interrupted: Callable[[], bool] = lambda: False
     ) -> tuple[int, list[tuple[Scoring, BaseException | None]]]:
-        """Runs chunks of the queued jobs, in turn, within `budget` tokens (at least one chunk), and no further chunk
-        once `interrupted()` (asked between chunks) is true. Returns the forward passes run and the jobs that ended,
-        each with its error (a failure is the prompt's own) or None."""
+        """Runs chunks of the queued scorings, in turn, within `budget` tokens (at least one chunk), and no further
+        chunk once `interrupted()` (asked between chunks) is true. Returns the forward passes run and the scorings
+        that ended, each with its error (a failure is the prompt's own) or None."""
         forwards = spent = 0
         ended: list[tuple[Scoring, BaseException | None]] = []
-        while self.jobs and (spent == 0 or (spent + self.chunk_tokens <= budget and not interrupted())):
-            job, chunks = self.jobs[0]
+        while self.scorings and (spent == 0 or (spent + self.chunk_tokens <= budget and not interrupted())):
+            scoring, chunks = self.scorings[0]
             try:
                 spent += next(chunks)
                 forwards += 1
-                self.jobs.rotate(-1)  # the next job's chunk next
+                self.scorings.rotate(-1)  # the next scoring's chunk next
                 continue
             except StopIteration:
                 error = None
@@ -127,6 +129,6 @@ class ScoringQueue:
                 logger.exception("scoring failed")
                 error = EngineError(f"{self.name} failed to score this prompt: {type(e).__name__}: {e}")
             with self.lock:
-                self.jobs.popleft()
-            ended.append((job, error))
+                self.scorings.popleft()
+            ended.append((scoring, error))
         return forwards, ended

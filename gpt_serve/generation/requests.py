@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..chargpt.window import DEFAULT_WINDOW_MODE, window_keep
-from .backends.protocol import check_token_ids
+from .backends.interface import check_token_ids
 from .fields import check_value
 from .sampling import SamplingParams
 from .token_logprobs import TokenLogprobs

@@ -54,8 +54,7 @@ class Row:
         if s.repetition_penalty != 1.0:
             self.seen = np.zeros(vocab_size, dtype=bool)
             self.seen[self.ids] = True
-        # The window is ids[start:] (`gpt_serve.chargpt.window`); a prompt longer than the window starts from its last
-        # `keep`
+        # the window is ids[start:] (`gpt_serve.chargpt.window`): a prompt past it starts from its last `keep`
         self.start = window_start(len(self.ids), 0, block_size, self.keep)
         # structured outputs (`constraints`): OpenAI's logit_bias as a row over the vocabulary, and the automaton's
         # state, a function of the generated tokens (a row made again from its tokens finds it again)
@@ -98,7 +97,7 @@ class Outcome:
 
 
 def next_tokens(rows: list[Row], logits: np.ndarray, backend_name: str) -> Outcome:
-    """One token per row from `logits` (rows, V), each with its own settings and RNG (as `sample_rows`), and for the
+    """One token per row from `logits` (rows, V), each with its own settings and RNG, and for the
     rows that ask for them (`Request.logprobs`) the token's log-probability and the top ones, of the model's own
     distribution (the logits before penalties): `(logprob, top ids, their logprobs)`. See the module docstring for the
     errors; `backend_name` names what computed the logits in them."""
@@ -166,8 +165,8 @@ def _refuse_non_finite(rows: list[Row], logits: np.ndarray, work: np.ndarray, ou
 def apply_penalties(work: np.ndarray, rows: list[Row], at: list[int]) -> None:
     """`rows`' logits, rows `at` of `work` (N, V), after their penalties, in place, as array operations over those
     rows: transformers' repetition penalty over each row's tokens so far (`Row.seen`), then OpenAI's presence and
-    frequency penalties over its generated tokens (`Row.counts`). Each row's numbers are exactly those of
-    `sampling.apply_repetition_penalty` and `apply_openai_penalties` on that row alone."""
+    frequency penalties over its generated tokens (`Row.counts`), then its logit_bias. Each row's numbers are exactly
+    those it would get alone (a test holds them so)."""
     repeat = [(i, row) for i, row in zip(at, rows, strict=True) if row.seen is not None]
     if repeat:
         where = [i for i, _ in repeat]

@@ -1,10 +1,9 @@
 """Choosing the next token from logits: pure functions, numpy only, each row with its own explicit RNG.
 
-The scheduler samples a step's rows through `rows.next_tokens`: each sampling row draws its one uniform number from
-its own RNG (`draw_uniforms`), and `sample_groups` picks the tokens, the rows that share settings together. So the
-same seed picks the same tokens whatever computed the logits (PyTorch, ONNX Runtime) and whatever else runs in the
-batch. `sample_next` (one setting, one RNG) and `sample_rows` (each row its own) give the same tokens outside the
-engine, and refuse logits that are not finite (`check_finite`), which the engine ends row by row instead.
+The scheduler samples a step's rows through `rows.next_tokens` (which also applies the penalties): each sampling row
+draws its one uniform number from its own RNG (`draw_uniforms`), and `sample_groups` picks the tokens, the rows that
+share settings together. So the same seed picks the same tokens whatever computed the logits (PyTorch, ONNX Runtime)
+and whatever else runs in the batch.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ class SamplingParams:
         frequency_penalty: subtracted once per occurrence in the generated text (OpenAI's rule), 0 off.
         min_p: drop tokens whose probability is below `min_p` times the most likely one's, 0 off.
 
-    The accepted ranges are the request specification's (`gpt_serve.generation.spec.FIELDS`); a value outside
+    The accepted ranges are the request table's (`gpt_serve.generation.fields.FIELDS`); a value outside
     them raises its `RequestError` (a ValueError).
     """
 
@@ -49,36 +48,14 @@ class SamplingParams:
 
     def __post_init__(self):
         for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_p"):
-            check_value(name, getattr(self, name))
+            object.__setattr__(self, name, check_value(name, getattr(self, name)))
         if self.top_k is not None:
-            check_value("top_k", self.top_k)
-
-    @classmethod
-    def checked(cls, **values) -> SamplingParams:
-        """Settings whose every value the request specification has checked already (`spec.parse_request` builds
-        a request's settings with this, so a request is checked once, not again per choice or per row)."""
-        params = object.__new__(cls)
-        for name, value in values.items():
-            object.__setattr__(params, name, value)
-        return params
+            object.__setattr__(self, "top_k", check_value("top_k", self.top_k))
 
     @property
     def greedy(self) -> bool:
         """Whether tokens are the argmax: temperature 0 or below `GREEDY_BELOW`."""
         return self.temperature < GREEDY_BELOW
-
-
-def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:
-    """transformers' rule, in place on one row of `logits` (V,): the logit of every token seen so far (`seen`, a
-    boolean mask (V,) over the vocabulary) is divided by `penalty` if positive, multiplied by it if not."""
-    row = logits[seen]
-    logits[seen] = np.where(row > 0, row / penalty, row * penalty)
-
-
-def apply_openai_penalties(logits: np.ndarray, counts: np.ndarray, params: SamplingParams) -> None:
-    """OpenAI's presence and frequency penalties, in place on one row of `logits` (V,): `counts` (V,) is how often
-    each token occurs in the generated text (the prompt not counted)."""
-    logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -93,38 +70,6 @@ def finite_rows(logits: np.ndarray) -> np.ndarray:
     """Whether each row of `logits` (B, V) is finite (B,): a NaN or an infinite logit is never sampled (a broken
     model's; the scheduler ends such a row's request with an `EngineError`)."""
     return np.isfinite(logits).all(axis=-1)
-
-
-def check_finite(logits: np.ndarray) -> None:
-    """A ValueError unless every logit is finite."""
-    bad = ~finite_rows(logits)
-    if bad.any():
-        raise ValueError(
-            f"the logits of row(s) {np.flatnonzero(bad)[:10].tolist()} hold NaN or infinite values: the model "
-            f"computed no distribution to sample from"
-        )
-
-
-def sample_next(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> np.ndarray:
-    """Next token id per row of `logits` (B, V): argmax when greedy (`params.greedy`), else a draw from the filtered
-    softmax. A ValueError for logits that are not finite (`check_finite`).
-
-    Exactly one uniform number is drawn per row and step (none when greedy), so a seed fixes the stream.
-    """
-    check_finite(logits)
-    if params.greedy:
-        return logits.argmax(axis=-1)
-    return draw(probabilities(logits, params), rng.random(logits.shape[0]))
-
-
-def sample_rows(logits: np.ndarray, params: list[SamplingParams], rngs: list[np.random.Generator]) -> np.ndarray:
-    """`sample_next` for rows that each have their own settings and RNG: row b gets exactly the token that
-    `sample_next(logits[b:b+1], params[b], rngs[b])` gives (the same operations, one uniform number from its own RNG),
-    computed for all rows that share settings at once. A ValueError for logits that are not finite."""
-    if len(params) == 1:  # a request alone (a script's prompt): no grouping to pay for
-        return sample_next(logits, params[0], rngs[0]).astype(np.int64)
-    check_finite(logits)
-    return sample_groups(logits, [shared(p) for p in params], draw_uniforms(params, rngs))
 
 
 def draw_uniforms(params: list[SamplingParams], rngs: list[np.random.Generator]) -> np.ndarray:

@@ -58,7 +58,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..chargpt.window import window_start
-from .backends.protocol import Backend, describe_backend
+from .backends.interface import Backend, describe_backend
 from .batch import FullWindowRows, RunningBatch
 from .fields import check_value
 from .requests import EngineError, Request, Scoring, Stream, check_prompt_ids, check_request, wake_waiters
@@ -159,10 +159,10 @@ class Scheduler:
         beside each); returns its `Scoring`. ValueError for bad ids or `top_n`, `ServerBusy` when full."""
         check_prompt_ids(ids, self.backend.vocab_size)
         check_value("logprobs", top_n)
-        job = Scoring(ids, top_n, self)
-        self._queue.add(job)
+        scoring = Scoring(ids, top_n, self)
+        self._queue.add(scoring)
         self._runner.wake()
-        return job
+        return scoring
 
     def call(self, function, *args):
         """Runs `function(*args)` on the loop's thread, between two decode steps, and returns its result (or raises
@@ -418,8 +418,8 @@ class Scheduler:
             budget = min(budget, self.scoring_share)
         forwards, ended = self._queue.scoring.run(budget, self._queue.has_streams)
         self.steps += forwards
-        for job, error in ended:
-            self._end(job, error)
+        for scoring, error in ended:
+            self._end(scoring, error)
 
     def _decode(self) -> None:
         if not self._batch.rows:

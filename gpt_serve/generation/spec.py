@@ -1,44 +1,10 @@
-"""The request specification: every generation field's type, range, default and aliases, in one table, parsed by
-one function with one set of messages. numpy-free, torch-free.
+"""A checked generation request (`GenerationRequest`, whose constructor is the check) and the parser of what a user
+sent (`parse_request`: aliases, unknown fields, a folder's defaults, a server's cap). Every surface parses into it,
+so a bad value gets the same `RequestError` everywhere; the table it checks against is `fields.FIELDS`, and
+docs/generation.md says why each limit is what it is. numpy-free, torch-free.
 
     request = parse_request({"prompt": "ROMEO:", "max_tokens": 200, "temperature": 0.8, "seed": 1})
     request.sampling        # SamplingParams(temperature=0.8, ...), what the sampler gets
-    request.seed            # 1 (a seed left out or -1 is drawn here, and `seed_was_random` says so)
-
-Every surface parses what its user sent into a `GenerationRequest` here: the library's `stream_text`, `gpt-serve
-generate`, the OpenAI API, the demo and its `/generate`, Ray Serve replicas; the browser page reads the same table
-from `demo/web/limits.json`, generated from `FIELDS` (`spec_table()`; a test keeps the file in step). A value out of
-range gets the same `RequestError` with the same message on every surface; each front end only maps it to its wire
-format. Why each limit is what it is:
-
-- `max_new_tokens` (OpenAI's `max_tokens`) in [1, 100,000]: ten times the lesson's longest generation (10,000
-  characters into `more.txt`), a few minutes of one stream on a CPU, so no request runs for hours; a server may
-  lower it (`max_new_tokens_limit`). Default 256 (OpenAI's legacy 16 is a word here); a served model's folder sets
-  its own defaults of the sampling fields and this one (`folder_defaults`, `parse_request(..., defaults=...)`).
-- `temperature` in [0, 2], `top_p` in (0, 1], `presence_penalty` and `frequency_penalty` in [-2, 2]: the OpenAI
-  wire format's ranges; temperature 0 is greedy, and so is any below `sampling.GREEDY_BELOW` (1e-5: dividing by
-  5e-324 would make NaN). The penalties count the generated text only, as OpenAI's do.
-- `min_p` in [0, 1] (0 = off), vLLM's and transformers' rule after temperature.
-- `logprobs` in [0, 20] (OpenAI's completions limit; null: none): how many of the most likely tokens to report
-  beside each generated token's own log-probability, of the model's distribution (before temperature, penalties
-  and filters).
-- `top_k` in [0, 1,000,000] (0 = no limit; anything from the vocabulary size up means no limit too).
-- `repetition_penalty` in [0.01, 10], transformers' rule (1 = off). Below 1 it favours repeats; a penalty far below
-  that only divides a logit into infinity (1e-300 did), which no token can be sampled from: refused here.
-- `seed` in [0, 2^53 - 1], the integers a JavaScript number holds exactly (the browser page carries it too);
-  null or -1 draws one at random (reported back). Prompt `i` of a list gets `seed + i`.
-- `prompt` at most 10,000 characters (the model reads only its last `block_size`), and a prompt of token ids at most
-  10,000 ids. The empty prompt starts the text after a newline (id 0), as the lesson's `generate(torch.zeros((1, 1)))`
-  does.
-- A request's prompt work at most 100,000 tokens (`MAX_PROMPT_WORK`): the sum over its prompts of each one's length
-  times the rows it gets (`n`, or `best_of` where that is larger; a chat has one prompt), as each row prefills, and
-  with `echo` scores, its own copy. Ten prompts of 10,000 characters fit; sixteen do not (`check_prompts`).
-- `stop`: a string or up to 4 (OpenAI's limit) non-empty strings of at most 100 characters; the text ends before
-  the first one, which is not part of it (OpenAI's rule).
-- `window_mode` `"refill"` by default (fast past `block_size`), `"exact"` for the lesson's sliding window
-  (`gpt_serve.window`); `refill_tokens` in [1, block_size - 1], default block_size // 2.
-- `unk_policy` `"error"` by default: characters outside the vocabulary are refused, named; `"replace"` makes each a
-  space, `"drop"` removes them.
 """
 
 from __future__ import annotations
@@ -46,7 +12,7 @@ from __future__ import annotations
 import numbers
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from ..chargpt.window import DEFAULT_WINDOW_MODE
@@ -95,45 +61,74 @@ def check_prompts(prompts: list, rows_each: int = 1) -> None:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A checked request: every field in range, of the right type, defaults filled in (see the module docstring).
-    `backend` and `model` are None where the sender left them to the server."""
+    """A checked request. The constructor is the check: every field against the request table (`FIELDS`, OpenAI's
+    ranges), `max_tokens_limit` (a server's cap) bounding `max_new_tokens`; RequestError naming the first bad
+    field. A seed of None or -1 is drawn here (`seed_was_random`). `sampling` (the sampler's settings, held by
+    reference by every choice and row) is made from the sampling fields, or given instead of them. `backend` and
+    `model` are None where the sender left them to the server. Frozen: nothing edits it once checked."""
 
     prompt: str = ""
     max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_p: float = 0.0
+    # the sampler's fields: None (not given) is the table's default (1.0, 0, 1.0, 1.0, 0.0, 0.0, 0.0) once checked
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_p: float | None = None
     logprobs: int | None = None
-    seed: int = 0
-    seed_was_random: bool = False
+    seed: int | None = 0
     stop: tuple[str, ...] = ()
     window_mode: str = DEFAULT_WINDOW_MODE
     refill_tokens: int | None = None
     unk_policy: str = "error"
     structured_outputs: Constraint | None = None
     response_format: Constraint | None = None
-    logit_bias: tuple[tuple[int, float], ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] | None = None  # None: () once checked
     allowed_token_ids: tuple[int, ...] | None = None
     backend: str | None = None
     model: str | None = None
-    sampling: SamplingParams = field(init=False, repr=False, compare=False)
+    sampling: SamplingParams | None = field(default=None, repr=False, compare=False)
+    seed_was_random: bool = False  # (set when the seed is drawn here)
+    max_tokens_limit: InitVar[int | None] = None
 
-    def __post_init__(self):
-        # checked by `parse_request` already: made once, held by reference by every choice and row
-        sampling = SamplingParams.checked(
-            temperature=self.temperature,
-            top_k=self.top_k or None,
-            top_p=self.top_p,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            min_p=self.min_p,
-        )
-        object.__setattr__(self, "sampling", sampling)
+    def __post_init__(self, max_tokens_limit: int | None):
+        for f in FIELDS:
+            if f.name in SAMPLING_FIELDS:
+                continue
+            value = getattr(self, f.name)
+            if f.name == "seed":
+                self._set_seed(value)
+            elif f.kind in CHECKS:
+                object.__setattr__(self, f.name, _check_structured(f.kind, value))
+            else:
+                object.__setattr__(self, f.name, check_value(f.name, value, _cap(f.name, max_tokens_limit)))
+            if f.name == "max_new_tokens":  # the sampler's fields in the table's order
+                self._set_sampling()
+        if self.window_mode == "exact" and self.refill_tokens is not None:
+            raise RequestError("refill_tokens applies only with window_mode 'refill'", "refill_tokens")
+        if self.structured_outputs and self.response_format:
+            raise RequestError("give structured_outputs or a JSON response_format, not both", "response_format")
+
+    def _set_seed(self, seed: Any) -> None:
+        random_seed = seed is None or (isinstance(seed, numbers.Real) and not isinstance(seed, bool) and seed == -1)
+        object.__setattr__(self, "seed", secrets.randbelow(RANDOM_SEEDS) if random_seed else check_value("seed", seed))
+        object.__setattr__(self, "seed_was_random", random_seed or self.seed_was_random)
+
+    def _set_sampling(self) -> None:
+        """`sampling` from the sampling fields (its constructor checks them), or the fields from a given `sampling`."""
+        given = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
+        sampling = self.sampling
+        if sampling is None:
+            sampling = SamplingParams(**{**given, "top_k": given.get("top_k") or None})
+            object.__setattr__(self, "sampling", sampling)
+        elif not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        elif any(value != _field_of(sampling, name) for name, value in given.items()):
+            raise RequestError("give sampling or its fields (temperature, top_k, ...), not both", "sampling")
+        for name in SAMPLING_FIELDS:
+            object.__setattr__(self, name, _field_of(sampling, name))
 
     @property
     def constraint(self) -> Constraint | None:
@@ -145,18 +140,40 @@ class GenerationRequest:
         return offset_seed(self.seed, index)
 
 
+# the fields that make `GenerationRequest.sampling` (checked by `SamplingParams`)
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+SAMPLING_FIELDS += ("min_p",)
+
+
+def _field_of(sampling: SamplingParams, name: str) -> Any:
+    return sampling.top_k or 0 if name == "top_k" else getattr(sampling, name)
+
+
+def _check_structured(kind: str, value: Any) -> Any:
+    """`CHECKS[kind]` of `value`, which may be what that check made already (a `dataclasses.replace` of a request)."""
+    if isinstance(value, Constraint):
+        return value
+    if kind == "logit_bias" and isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        value = dict(value)
+    return CHECKS[kind](value)
+
+
+def _cap(name: str, max_tokens_limit: int | None) -> int | None:
+    return max_tokens_limit if name == "max_new_tokens" else None
+
+
 def offset_seed(seed: int, index: int) -> int:
     """The seed of item `index` of a list sent with `seed`: `seed + index`, wrapping inside the seed range."""
     return (seed + index) % (MAX_SEED + 1)
 
 
 def parse_request(
-    values: Mapping[str, Any], max_new_tokens_limit: int | None = None, defaults: Mapping[str, Any] | None = None
+    values: Mapping[str, Any], max_tokens_limit: int | None = None, defaults: Mapping[str, Any] | None = None
 ) -> GenerationRequest:
-    """Checks what a user sent (field names or their aliases, see `FIELDS`); RequestError naming the first bad or
-    unknown field otherwise. `max_new_tokens_limit` is a server's lower limit; `defaults` (checked values, a model
-    folder's: `folder_defaults.read_generation_defaults`) replace the specification's for fields not sent (None is
-    not sent); a default `max_new_tokens` over the limit is lowered to it. Loads nothing."""
+    """A `GenerationRequest` from what a user sent: field names or their aliases (see `FIELDS`); RequestError naming
+    an unknown or repeated field, or the first bad value. `max_tokens_limit` is a server's cap of `max_new_tokens`;
+    `defaults` (a model folder's: `folder_defaults.read_generation_defaults`) replace the table's for fields not sent
+    (None is not sent); a default `max_new_tokens` over the cap is lowered to it. Loads nothing."""
     if not isinstance(values, Mapping):
         raise RequestError(f"a request must be a mapping of field names to values, got {type(values).__name__}")
     given: dict[str, Any] = {}
@@ -168,23 +185,12 @@ def parse_request(
         if name in given:
             raise RequestError(f"{sent_as[name]} and {key} are the same field: give one of them", name)
         given[name], sent_as[name] = value, key
-    seed = given.pop("seed", None)
     for name, value in (defaults or {}).items():
-        if given.get(name) is None:
-            given[name] = min(value, max_new_tokens_limit or value) if name == "max_new_tokens" else value
-    checked = {
-        f.name: CHECKS[f.kind](given.get(f.name))
-        if f.kind in CHECKS
-        else check_value(f.name, given.get(f.name), max_new_tokens_limit if f.name == "max_new_tokens" else None)
-        for f in FIELDS
-    }
-    random_seed = seed is None or (isinstance(seed, numbers.Real) and not isinstance(seed, bool) and seed == -1)
-    checked["seed"] = secrets.randbelow(RANDOM_SEEDS) if random_seed else check_value("seed", seed)
-    if checked["window_mode"] == "exact" and checked["refill_tokens"] is not None:
-        raise RequestError("refill_tokens applies only with window_mode 'refill'", "refill_tokens")
-    if checked["structured_outputs"] and checked["response_format"]:
-        raise RequestError("give structured_outputs or a JSON response_format, not both", "response_format")
-    return GenerationRequest(**checked, seed_was_random=random_seed)
+        if name != "seed" and given.get(name) is None:
+            given[name] = min(value, max_tokens_limit or value) if name == "max_new_tokens" else value
+    given.setdefault("seed", None)  # left out: drawn
+    return GenerationRequest(**{k: v for k, v in given.items() if v is not None or k == "seed"},
+                             max_tokens_limit=max_tokens_limit)  # fmt: skip
 
 
 def spec_table() -> dict[str, dict[str, Any]]:

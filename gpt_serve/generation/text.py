@@ -10,7 +10,7 @@ only its errors (`RequestError`, `ServerBusy`) to its own wire format.
 
 from __future__ import annotations
 
-from .backends.protocol import check_token_ids
+from .backends.interface import check_token_ids
 from .constraints import compile_constraint
 from .fields import RequestError
 from .requests import EngineError, Request, Stream
@@ -56,6 +56,9 @@ class TextStream:
         index: which prompt of a list this is: its seed is `request.seed_for(index)`.
         prompt: this prompt of a list (None: `request.prompt`); the request itself is held as it is, by reference.
         unk_hint: how the caller's surface accepts characters outside the vocabulary (see `encode_prompt`).
+        end: a text that ends it as a stop string does, after the request's own (a chat's end of speech): a
+            constraint's text may be followed by it.
+        ranked: keep each token's logprob even if the request asks none (best_of ranks choices by them).
 
     Raises `RequestError` for a prompt the vocabulary cannot encode and `ServerBusy` when the scheduler's queue is
     full; nothing is submitted then.
@@ -69,35 +72,40 @@ class TextStream:
         index: int = 0,
         prompt: str | None = None,
         unk_hint: str = UNK_HINT,
+        end: str = "",
+        ranked: bool = False,
     ):
         self.request, self.vocab = request, vocab
         prompt = request.prompt if prompt is None else prompt
         self.prompt_ids = encode_prompt(vocab, prompt, request.unk_policy, unk_hint)
         self.prompt = vocab.decode(self.prompt_ids)  # as the model reads it (a newline for the empty prompt)
+        self.stops = (*request.stop, end) if end else request.stop
+        constraint = request.constraint.ending(end) if end and request.constraint else request.constraint
         # structured outputs: compiled for this vocabulary (cached; a RequestError names what is wrong)
-        self.automaton = compile_constraint(request.constraint, vocab.chars, request.allowed_token_ids)
+        self.automaton = compile_constraint(constraint, vocab.chars, request.allowed_token_ids)
         try:
             check_token_ids([t for t, _ in request.logit_bias], len(vocab.chars), "logit_bias")
         except ValueError as e:
             raise RequestError(str(e), "logit_bias") from None
-        job = Request(
+        logprobs = 0 if ranked and request.logprobs is None else request.logprobs
+        submitted = Request(
             self.prompt_ids,
             request.max_new_tokens,
             request.sampling,
             request.seed_for(index),
             request.window_mode,
             request.refill_tokens,
-            logprobs=request.logprobs,
+            logprobs=logprobs,
             constraint=self.automaton,
             logit_bias=request.logit_bias,
         )
-        self.stream: Stream = scheduler.submit(job)
+        self.stream: Stream = scheduler.submit(submitted)
         self.text = ""  # the text so far, cut at a stop string
         self.tokens = 0  # tokens that made the text (a stop string's included)
         self.finish_reason: str | None = None  # "stop" (a stop string), "length" or `cancel`'s reason once done
         self._end_reason = "length"
         self._sent = 0  # how much of `text` `take` has returned
-        self._hold = max((len(s) - 1 for s in request.stop), default=0)  # a tail that may still become a stop
+        self._hold = max((len(s) - 1 for s in self.stops), default=0)  # a tail that may still become a stop
         self._state = self.automaton.initial if self.automaton is not None else 0  # after the tokens so far
 
     @property
@@ -161,9 +169,9 @@ class TextStream:
         checked = max(0, len(self.text) - self._hold)  # where a stop string may start that was not seen yet
         self.text += self.vocab.decode(chunk)
         self.tokens += len(chunk)
-        cut = min((i for i in (self.text.find(s, checked) for s in self.request.stop) if i >= 0), default=-1)
+        cut = min((i for i in (self.text.find(s, checked) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
-            stop = min((s for s in self.request.stop if self.text.startswith(s, cut)), key=len)
+            stop = min((s for s in self.stops if self.text.startswith(s, cut)), key=len)
             self.tokens -= len(self.text) - cut - len(stop)
             self.text, self.finish_reason = self.text[:cut], "stop"
             self.stream.cancel()

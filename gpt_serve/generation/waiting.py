@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from .backends.protocol import Backend
+from .backends.interface import Backend
 from .logprobs import ScoringQueue
 from .requests import SchedulerClosed, Scoring, ServerBusy, Stream
 from .rows import Row

@@ -5,7 +5,6 @@ formats, `logprobs` objects included. No I/O: `gpt_serve.serving.api` serves it.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +55,8 @@ def error_body(e: APIError) -> dict:
 @dataclass(frozen=True)
 class Job:
     """A checked completions or chat request: its prompts, how many choices each, and the generation request they
-    share (`request.prompt` is the first prompt; `prompts` are all of them, as text or token ids)."""
+    share, held as it is (`request.prompt` is the first prompt; `prompts` are all of them, as text or token ids);
+    `end` ends each choice's text as a stop string does (a chat's reply is one speech)."""
 
     kind: str  # "completion" or "chat"
     model: str
@@ -69,6 +69,7 @@ class Job:
     best_of: int = 1
     echo: bool = False
     logprobs: int | None = None  # top logprobs per token (None: no logprobs object)
+    end: str = ""
 
 
 def _choices(body: dict, name: str, default: int) -> int:
@@ -110,9 +111,9 @@ def _common(body: Any, registry: ModelRegistry, wire: tuple[str, ...]) -> tuple[
     return model, {k: v for k, v in body.items() if k not in known}
 
 
-def _parse_fields(fields: dict, prompt: str, limit: int | None, defaults: dict) -> GenerationRequest:
+def _parse_fields(fields: dict, prompt: str, max_tokens_limit: int | None, defaults: dict) -> GenerationRequest:
     try:
-        return parse_request({**fields, "prompt": prompt}, max_new_tokens_limit=limit, defaults=defaults)
+        return parse_request({**fields, "prompt": prompt}, max_tokens_limit, defaults)
     except RequestError as e:
         raise APIError(400, str(e), e.field) from None
 
@@ -136,7 +137,9 @@ def _stream_options(body: dict, stream: bool) -> bool:
 COMPLETION_WIRE = ("model", "prompt", "stream", "stream_options", "n", "best_of", "echo", "logprobs")
 
 
-def parse_completion(body: Any, registry: ModelRegistry, default_backend: str, limit: int | None = None) -> Job:
+def parse_completion(
+    body: Any, registry: ModelRegistry, default_backend: str, max_tokens_limit: int | None = None
+) -> Job:
     """A `/v1/completions` body; APIError (400/404) naming the bad field otherwise."""
     model, fields = _common(body, registry, COMPLETION_WIRE)
     prompts = body.get("prompt", "")
@@ -167,19 +170,19 @@ def parse_completion(body: Any, registry: ModelRegistry, default_backend: str, l
     _check_prompts(prompts, best_of)
     first = prompts[0] if isinstance(prompts[0], str) else ""  # token ids are checked against the model's vocabulary
     defaults = _folder(registry.generation_defaults, model)
-    request = _parse_fields({**fields, "logprobs": body.get("logprobs")}, first, limit, defaults)
+    request = _parse_fields({**fields, "logprobs": body.get("logprobs")}, first, max_tokens_limit, defaults)
     return Job(
-        "completion",
-        model,
-        request.backend or default_backend,
-        prompts,
-        request,
-        stream,
-        _stream_options(body, stream),
-        n,
-        best_of,
-        echo,
-        request.logprobs,
+        kind="completion",
+        model=model,
+        backend=request.backend or default_backend,
+        prompts=prompts,
+        request=request,
+        stream=stream,
+        include_usage=_stream_options(body, stream),
+        n=n,
+        best_of=best_of,
+        echo=echo,
+        logprobs=request.logprobs,
     )
 
 
@@ -225,7 +228,7 @@ def _is_id(t: Any) -> bool:
 CHAT_WIRE = ("model", "messages", "stream", "stream_options", "n", "logprobs", "top_logprobs", "speakers")
 
 
-def parse_chat(body: Any, registry: ModelRegistry, default_backend: str, limit: int | None = None) -> Job:
+def parse_chat(body: Any, registry: ModelRegistry, default_backend: str, max_tokens_limit: int | None = None) -> Job:
     """A `/v1/chat/completions` body: the messages in the model's chat format (`gpt_serve.serving.chat`), the reply
     ending with the speech; APIError naming the bad field otherwise."""
     model, fields = _common(body, registry, CHAT_WIRE)
@@ -247,23 +250,19 @@ def parse_chat(body: Any, registry: ModelRegistry, default_backend: str, limit: 
     n = _choices(body, "n", 1)
     _check_prompts([prompt], n)
     defaults = _folder(registry.generation_defaults, model)
-    request = _parse_fields({**fields, "logprobs": top if logprobs else None}, prompt, limit, defaults)
-    request = dataclasses.replace(request, stop=(*request.stop, chat.END_OF_SPEECH))  # the reply is one speech
-    if request.constraint is not None:  # the constraint governs the reply: its text, then the end of the speech
-        ended = request.constraint.ending(chat.END_OF_SPEECH)
-        request = dataclasses.replace(request, **{request.constraint.field: ended})
+    request = _parse_fields({**fields, "logprobs": top if logprobs else None}, prompt, max_tokens_limit, defaults)
     return Job(
-        "chat",
-        model,
-        request.backend or default_backend,
-        [prompt],
-        request,
-        stream,
-        _stream_options(body, stream),
-        n,
-        n,
-        False,
-        request.logprobs,
+        kind="chat",
+        model=model,
+        backend=request.backend or default_backend,
+        prompts=[prompt],
+        request=request,
+        stream=stream,
+        include_usage=_stream_options(body, stream),
+        n=n,
+        best_of=n,
+        logprobs=request.logprobs,
+        end=chat.END_OF_SPEECH,  # the reply is one speech (a constraint's text, then the end of the speech)
     )
 
 

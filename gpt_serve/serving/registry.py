@@ -22,8 +22,8 @@ from typing import Any
 
 from ..chargpt.chat_format import ChatFormat, read_chat_format
 from ..folders.corpus_record import CorpusRecord, corpus_record_or_none
-from ..generation.backends.loading import LoadedModel, load_backend
-from ..generation.fields import BACKENDS, RequestError, resolve_backend, show_value
+from ..generation.backends.loading import LoadedModel, check_backend_key, load_backend
+from ..generation.fields import BACKENDS, RequestError, show_value
 from ..generation.folder_defaults import check_mode, read_generation_defaults
 from ..generation.requests import Request
 from ..generation.runner import torch_runner
@@ -240,8 +240,8 @@ class ModelRegistry:
         """Why (model, backend) cannot be served, or None if it looks servable; cheap (file checks only)."""
         try:
             folder = self.folder(name)
-            key = resolve_backend(backend)
-        except RequestError as e:
+            key = check_backend_key(backend)
+        except ValueError as e:
             return str(e)
         if key != "torch":
             try:
@@ -318,7 +318,7 @@ class ModelRegistry:
 
     def backend(self, name: str, backend: str) -> LoadedModel:
         """The shared backend for (model, backend), loaded on first use; ModelUnavailable when it cannot be."""
-        key = (name, resolve_backend(backend))
+        key = (name, check_backend_key(backend))
         if key in self._loaded:  # the hot path: no file checks per request
             return self._loaded[key]
         reason = self.unavailable_reason(*key)
@@ -344,7 +344,7 @@ class ModelRegistry:
 
     def scheduler(self, name: str, backend: str) -> Scheduler:
         """The shared decode loop of (model, backend), started on first use (loading the backend)."""
-        key = (name, resolve_backend(backend))
+        key = (name, check_backend_key(backend))
         scheduler = self._schedulers.get(key)
         if scheduler is None or scheduler.closed:  # a closed one (its runner was stopped): a new loop
             loaded = self.backend(*key)
@@ -392,4 +392,4 @@ class ModelRegistry:
             scheduler.close()
 
     def is_loaded(self, name: str, backend: str) -> bool:
-        return (name, resolve_backend(backend)) in self._loaded
+        return (name, check_backend_key(backend)) in self._loaded

@@ -19,7 +19,7 @@ from demo.generation import (
     Progress,
     RequestError,
     StopRequests,
-    parse_request,
+    parse_form,
     stream_progress,
     stream_side_by_side,
     throttle,
@@ -53,7 +53,7 @@ def test_demo_text_is_the_engines_text(handlers, registry):
 
 
 def test_progress_reports_stats(registry):
-    request = parse_request(registry, Limits(), GOOD)
+    request = parse_form(registry, Limits(), GOOD)
     progress = list(stream_progress(registry, request))
     assert [p.tokens for p in progress] == [0, *range(1, 41), 40]  # the prompt encoded, each token, the end
     assert [p.done for p in progress] == [False] * 41 + [True]
@@ -106,7 +106,7 @@ def test_the_update_interval_grows_with_the_runs_streaming(registry):
 def test_a_stream_that_looks_now_and_then_still_ends_as_soon_as_its_request_does(registry):
     """Between two looks the stream waits for its request's end, not for the whole interval: with an hour's
     interval a short request still ends at once (its tokens come in one look)."""
-    request = parse_request(registry, Limits(), {**GOOD, "max_new_tokens": 5})
+    request = parse_form(registry, Limits(), {**GOOD, "max_new_tokens": 5})
     start = time.perf_counter()
     progress = list(stream_progress(registry, request, poll_interval=3600.0))
     assert progress[-1].done and progress[-1].tokens == 5
@@ -142,7 +142,7 @@ def test_closing_the_stream_stops_the_compute(registry):
     counting = Registry(registry.folders, threads=1)
     activity = Activity()
     limit = 20_000
-    request = parse_request(counting, Limits(max_new_tokens=limit), {**GOOD, "max_new_tokens": limit})
+    request = parse_form(counting, Limits(max_new_tokens=limit), {**GOOD, "max_new_tokens": limit})
     stream = stream_progress(counting, request, activity)
     assert next(stream).tokens == 0 and calls == []  # the prompt is encoded: no forward pass yet
     for _ in range(5):
@@ -224,12 +224,12 @@ def test_ui_stream_shows_prompt_then_text_and_stats(handlers):
 
 
 def test_seed_minus_one_and_none_are_random(registry):
-    seeds = {parse_request(registry, Limits(), {**GOOD, "seed": s}).seed for s in (None, -1, None, -1.0)}
+    seeds = {parse_form(registry, Limits(), {**GOOD, "seed": s}).seed for s in (None, -1, None, -1.0)}
     assert len(seeds) > 1
 
 
 def test_side_by_side_streams_every_stage(registry):
-    base = parse_request(registry, Limits(), {**GOOD, "max_new_tokens": 25})
+    base = parse_form(registry, Limits(), {**GOOD, "max_new_tokens": 25})
     streams = [
         stream_progress(registry, dataclasses.replace(base, model="ladder-a")),
         "ladder-c is missing",
@@ -268,14 +268,14 @@ def test_backends_load_once_and_are_shared(models_root):
     assert fresh.is_loaded("tiny", "onnx") and not fresh.is_loaded("tiny", "onnx-int8")
 
 
-def test_parse_request_rejects_unknown_model_before_loading(registry):
+def test_parse_form_rejects_unknown_model_before_loading(registry):
     with pytest.raises(RequestError, match="unknown model"):
-        parse_request(registry, Limits(), {**GOOD, "model": "../etc"})
+        parse_form(registry, Limits(), {**GOOD, "model": "../etc"})
 
 
 def test_stop_requests_end_the_stream_after_the_current_token(registry):
     stops = StopRequests()
-    request = parse_request(registry, Limits(), {**GOOD, "max_new_tokens": 500})
+    request = parse_form(registry, Limits(), {**GOOD, "max_new_tokens": 500})
     activity = Activity()
     stream = stream_progress(registry, request, activity, should_stop=lambda: stops.is_stopped("t1"))
     for _ in range(4):  # the encoded prompt, then three tokens

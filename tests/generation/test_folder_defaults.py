@@ -32,9 +32,9 @@ def test_a_requests_own_values_win_and_null_is_not_a_value(tmp_path):
     assert (request.max_new_tokens, request.temperature, request.top_p) == (5, 0.0, 1.0)
     assert parse_request({"temperature": None}, defaults=defaults).temperature == 0.8
     # a server's lower limit lowers the folder's default, and still refuses a request over it
-    assert parse_request({}, max_new_tokens_limit=100, defaults=defaults).max_new_tokens == 100
+    assert parse_request({}, max_tokens_limit=100, defaults=defaults).max_new_tokens == 100
     with pytest.raises(ValueError, match="max_new_tokens must be an integer in"):
-        parse_request({"max_tokens": 101}, max_new_tokens_limit=100, defaults=defaults)
+        parse_request({"max_tokens": 101}, max_tokens_limit=100, defaults=defaults)
 
 
 def test_do_sample_false_is_greedy_and_a_folder_without_the_file_has_none(tmp_path):

@@ -7,7 +7,8 @@ from lesson_reference import full_recompute_generate
 
 from gpt_serve.generation.backends.torch_backend import TorchBackend
 from gpt_serve.generation.inline import generate_text, generate_tokens, stream_text
-from gpt_serve.generation.sampling import SamplingParams, sample_next
+from gpt_serve.generation.sampling import SamplingParams
+from tests.sampler import sample_next
 
 GREEDY = SamplingParams(temperature=0)
 PROMPT = [18, 47, 56, 57, 58]

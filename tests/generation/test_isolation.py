@@ -69,6 +69,14 @@ def alone(request: Request) -> tuple[list[int], list]:
         scheduler.close()
 
 
+def unchecked(**values) -> SamplingParams:
+    """Settings that no constructor lets through (built around `SamplingParams`'s check), to break a row."""
+    params = object.__new__(SamplingParams)
+    for name, value in values.items():
+        object.__setattr__(params, name, value)
+    return params
+
+
 def breaks(stage: str):
     """A `Row.__init__` that breaks `stage` for the marked request's row."""
     init = rows_module.Row.__init__
@@ -80,10 +88,10 @@ def breaks(stage: str):
         if stage == "penalties":
             self.seen = "not a mask"
         elif stage == "overflowing penalties":  # a value no parser lets through: the logits become infinite
-            self.sampling = SamplingParams.checked(**{**vars(self.sampling), "repetition_penalty": 1e-320})
+            self.sampling = unchecked(**{**vars(self.sampling), "repetition_penalty": 1e-320})
             self.seen = np.ones(vocab_size, dtype=bool)
         elif stage == "filters":
-            self.sampling = SamplingParams.checked(**{**vars(self.sampling), "top_k": "not a number"})
+            self.sampling = unchecked(**{**vars(self.sampling), "top_k": "not a number"})
         elif stage == "logprobs":
             self.top_logprobs = "not a number"
         elif stage == "output":
@@ -129,8 +137,6 @@ def test_a_failure_in_one_rows_stage_ends_only_that_request(monkeypatch, stage):
 def test_the_batched_penalties_give_each_row_its_own_numbers_bit_for_bit():
     """`rows.apply_penalties` over many rows at once: each row exactly as `apply_repetition_penalty` and
     `apply_openai_penalties` make it alone."""
-    from gpt_serve.generation.sampling import apply_openai_penalties, apply_repetition_penalty
-
     rng = np.random.default_rng(0)
     settings = [
         SamplingParams(0.8, repetition_penalty=1.3),
@@ -154,6 +160,19 @@ def test_the_batched_penalties_give_each_row_its_own_numbers_bit_for_bit():
         if row.counts is not None:
             apply_openai_penalties(alone, row.counts, row.sampling)
         assert np.array_equal(batched[i], alone), i
+
+
+def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:
+    """transformers' rule on one row of `logits` (V,), in place: the logit of every token `seen` (a mask (V,)) is
+    divided by `penalty` if positive, multiplied by it if not."""
+    row = logits[seen]
+    logits[seen] = np.where(row > 0, row / penalty, row * penalty)
+
+
+def apply_openai_penalties(logits: np.ndarray, counts: np.ndarray, params: SamplingParams) -> None:
+    """OpenAI's presence and frequency penalties on one row of `logits` (V,), in place: `counts` (V,) is how often
+    each token occurs in the generated text."""
+    logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
 
 
 def stream_of(params: SamplingParams, prompt: list[int]):
@@ -271,23 +290,25 @@ def test_arrivals_are_prefilled_together_within_the_budget():
 
 def test_a_request_is_checked_once_and_held_by_reference(monkeypatch):
     """One `temperature` check for a request, however many choices it has and whatever front end adds to it (the
-    chat's stop): every choice and every row hold its one `SamplingParams`."""
-    import dataclasses
-
+    chat's end of speech, given beside the request): every choice and every row hold its one `SamplingParams`."""
     from gpt_serve.chargpt.vocab import CharVocab
-    from gpt_serve.generation import spec
+    from gpt_serve.generation import sampling, spec
 
     checks = []
     check_value = spec.check_value
-    monkeypatch.setattr(spec, "check_value", lambda name, *a, **k: checks.append(name) or check_value(name, *a, **k))
+    counted = lambda name, *a, **k: checks.append(name) or check_value(name, *a, **k)  # noqa: E731
+    monkeypatch.setattr(spec, "check_value", counted)
+    monkeypatch.setattr(sampling, "check_value", counted)
     request = parse_request({"prompt": "abc", "max_tokens": 3, "temperature": 0.7, "seed": 1})
-    request = dataclasses.replace(request, stop=(*request.stop, "\n\n"))  # what the chat route adds
     vocab = CharVocab([chr(97 + i) for i in range(11)])
     scheduler = Scheduler(FakeBackend(), max_batch=4)
     try:
-        texts = [TextStream(scheduler, vocab, request, i, prompt=p) for i, p in enumerate(["abc", "ba", "c"])]
+        texts = [
+            TextStream(scheduler, vocab, request, i, prompt=p, end="\n\n") for i, p in enumerate(["abc", "ba", "c"])
+        ]
         assert all(t.stream.request.sampling is request.sampling for t in texts)
         assert [len("".join(t)) for t in texts] == [3, 3, 3]
+        assert request.stop == () and all(t.stops == ("\n\n",) for t in texts)  # the request itself is untouched
     finally:
         scheduler.close()
     assert checks.count("temperature") == 1

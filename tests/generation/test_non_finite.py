@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from gpt_serve.generation import EngineError, SamplingParams, generate_text, load_backend
-from gpt_serve.generation.requests import Request
-from gpt_serve.generation.sampling import GREEDY_BELOW, sample_next, sample_rows
+from gpt_serve.generation.requests import Request, Stream
+from gpt_serve.generation.rows import Row, next_tokens
+from gpt_serve.generation.sampling import GREEDY_BELOW
 from gpt_serve.generation.scheduler import Scheduler
+from tests.sampler import sample_next, sample_rows
 
 from .conftest import FakeBackend
 
@@ -42,6 +44,10 @@ def test_non_finite_logits_are_refused_by_the_sampler(bad):
     logits = np.zeros((2, 5), dtype=np.float32)
     logits[1, 3] = bad
     for params in (SamplingParams(0), SamplingParams(0.8)):
+        rows = [Row(Stream(Request([1], 5, params, seed=s), None), 16, 5) for s in (0, 1)]
+        out = next_tokens(rows, logits, "the backend")
+        assert list(out.errors) == [1] and out.tokens[0] >= 0 and out.tokens[1] == -1
+        assert "the backend computed NaN or infinite logits for token 1" in str(out.errors[1])
         with pytest.raises(ValueError, match=r"logits of row\(s\) \[1\] hold NaN or infinite values"):
             sample_next(logits, params, np.random.default_rng(0))
         with pytest.raises(ValueError, match="NaN or infinite"):

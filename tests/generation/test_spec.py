@@ -8,7 +8,8 @@ import pytest
 
 from demo.browser import WEB_DIR
 from gpt_serve.generation.fields import FIELDS, MAX_NEW_TOKENS, MAX_SEED, RANDOM_SEEDS, RequestError
-from gpt_serve.generation.spec import parse_request, spec_json
+from gpt_serve.generation.sampling import SamplingParams
+from gpt_serve.generation.spec import GenerationRequest, parse_request, spec_json
 
 
 def test_defaults():
@@ -103,8 +104,8 @@ def test_seeds():
 
 def test_a_server_lowers_max_new_tokens():
     with pytest.raises(RequestError, match=r"max_new_tokens must be an integer in \[1, 50\], got 51"):
-        parse_request({"max_new_tokens": 51}, max_new_tokens_limit=50)
-    assert parse_request({"max_new_tokens": 50}, max_new_tokens_limit=50).max_new_tokens == 50
+        parse_request({"max_new_tokens": 51}, max_tokens_limit=50)
+    assert parse_request({"max_new_tokens": 50}, max_tokens_limit=50).max_new_tokens == 50
 
 
 def test_the_browser_pages_limits_are_the_table():
@@ -114,3 +115,50 @@ def test_the_browser_pages_limits_are_the_table():
     assert text == spec_json(), "regenerate demo/web/limits.json (the command is in this test's docstring)"
     assert list(json.loads(text)) == [f.name for f in FIELDS]
     assert json.loads(text)["seed"]["hi"] == MAX_SEED == 2**53 - 1  # what a JavaScript number holds exactly
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"temperature": -5}, r"temperature must be a number in [0, 2] (0 = greedy), got -5"),
+        ({"top_k": 2.5}, r"top_k must be an integer in [0, 1000000] (0 = no limit), got 2.5"),
+        ({"max_new_tokens": 0}, r"max_new_tokens must be an integer in [1, 100000], got 0"),
+        ({"stop": ("a",) * 5}, "stop must be a string or a list of at most 4 non-empty strings"),
+        ({"logprobs": 21}, "logprobs must be an integer in [0, 20], got 21"),
+        ({"window_mode": "exact", "refill_tokens": 3}, "refill_tokens applies only with window_mode 'refill'"),
+        ({"logit_bias": {"x": 1}}, "logit_bias must map token ids to numbers"),
+    ],
+)
+def test_no_constructor_skips_the_check(fields, message):
+    """`GenerationRequest(...)` is checked as `parse_request` checks it: its sampler never holds an unchecked value."""
+    with pytest.raises(RequestError) as e:
+        GenerationRequest(**fields)
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_the_constructor_normalizes_and_holds_a_given_sampler():
+    r = GenerationRequest("ROMEO:", 5, top_k=3.0, temperature=1, stop="\n", logit_bias={"2": 1})
+    assert (r.top_k, r.sampling.top_k, type(r.temperature), r.stop, r.logit_bias) == (3, 3, float, ("\n",), ((2, 1.0),))
+    assert isinstance(r.sampling.top_k, int)
+    sampling = SamplingParams(0.5, top_k=4)
+    r = GenerationRequest("ROMEO:", 5, sampling=sampling, seed=None)
+    assert r.sampling is sampling and (r.temperature, r.top_k) == (0.5, 4) and r.seed_was_random
+    with pytest.raises(RequestError, match="give sampling or its fields"):
+        GenerationRequest(temperature=0.7, sampling=sampling)
+    with pytest.raises(TypeError, match="sampling must be a SamplingParams, got dict"):
+        GenerationRequest(sampling={"temperature": 0.5})
+    with pytest.raises(RequestError, match=r"max_new_tokens must be an integer in \[1, 50\], got 51"):
+        GenerationRequest(max_new_tokens=51, max_tokens_limit=50)
+
+
+def test_a_replaced_request_is_a_new_checked_one():
+    import dataclasses
+
+    r = parse_request({"temperature": 0.7, "logit_bias": {"3": -1}, "structured_outputs": {"regex": "a+"}})
+    other = dataclasses.replace(r, model="other")
+    assert (other.model, other.seed, other.seed_was_random, other.logit_bias) == ("other", r.seed, True, r.logit_bias)
+    assert other.sampling is r.sampling and other.constraint is r.constraint
+    with pytest.raises(RequestError, match="stop must be a string or a list of at most 4"):
+        dataclasses.replace(r, stop=("a",) * 5)
+    with pytest.raises(RequestError, match="give sampling or its fields"):  # never the old sampler, silently
+        dataclasses.replace(r, temperature=1.0)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from gpt_serve.generation.fields import resolve_backend
 from gpt_serve.serving.registry import (
     ModelRegistry,
     ModelUnavailable,
     RequestError,
     parse_model_dir,
-    resolve_backend,
 )
 
 
@@ -161,3 +161,16 @@ def test_a_models_root_without_models_is_an_error(tmp_path):
         ModelRegistry.serving(models_root=tmp_path)
     with pytest.raises(ValueError, match=f"--models-root {tmp_path / 'none'} is not a directory"):
         ModelRegistry.serving(models_root=tmp_path / "none")
+
+
+def test_the_registry_takes_backend_keys_a_request_resolved_already(registry):
+    """A backend's other names (`resolve_backend`) are resolved once, when a request is parsed: the registry takes
+    the keys alone and loads nothing for another name."""
+    for call in (registry.backend, registry.scheduler, registry.is_loaded):
+        with pytest.raises(
+            ValueError, match=r"unknown backend 'pytorch'; choose one of \['torch', 'onnx', 'onnx-int8'\]"
+        ):
+            call("tiny", "pytorch")
+    assert registry.unavailable_reason("tiny", "PyTorch") == "unknown backend 'PyTorch'; choose one of " + str(
+        ["torch", "onnx", "onnx-int8"]
+    )

@@ -1,1 +1,1 @@
-"""Backends: protocol, loading, PyTorch, ONNX Runtime."""
+"""Backends: the interface every backend implements, loading, PyTorch, ONNX Runtime."""

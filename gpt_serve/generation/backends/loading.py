@@ -38,7 +38,7 @@ from ...extras import MissingDependency, missing_extra
 from ...files import check_regular, write_file
 from ...models import WEIGHTS_FILE_NAME, check_model_files, model_path, read_config
 from ..fields import BACKENDS
-from .protocol import Backend
+from .interface import Backend
 from .threads import check_threads
 
 

@@ -47,6 +47,7 @@ from ...onnx_contract import (
     past_names,
     present_names,
 )
+from .interface import check_token_ids
 from .onnx_batches import OnnxCache, OnnxDecodeBatch, OnnxInPlaceBatch
 from .onnx_session import (
     UnsupportedGraph,
@@ -57,7 +58,6 @@ from .onnx_session import (
     load_session,
     run_inplace,
 )
-from .protocol import check_token_ids
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 - `OnnxDecodeBatch`: rows decoding together on the Hugging Face layout graph (one left-padded cache).
 - `OnnxInPlaceBatch`: rows decoding together on the in-place graph (buffers allocated once, written in place).
 
-The batches are what `OnnxBackend.new_batch` hands the scheduler (see `protocol.DecodeBatch`).
+The batches are what `OnnxBackend.new_batch` hands the scheduler (see `interface.DecodeBatch`).
 Torch-free: numpy and onnxruntime.
 """
 
@@ -42,7 +42,7 @@ class OnnxCache:
 
 
 class OnnxDecodeBatch:
-    """Rows decoding together on an `OnnxBackend` (see `protocol.DecodeBatch`).
+    """Rows decoding together on an `OnnxBackend` (see `interface.DecodeBatch`).
 
     The rows share one left-padded cache in the graph's Hugging Face layout: row r's keys are the last
     `lengths[r]` of the cache's columns, `mask` says which columns are whose, and a step appends one column for
@@ -118,7 +118,7 @@ class OnnxDecodeBatch:
 
 
 class OnnxInPlaceBatch:
-    """Rows decoding together on an `OnnxBackend`'s in-place graph (see `protocol.DecodeBatch`).
+    """Rows decoding together on an `OnnxBackend`'s in-place graph (see `interface.DecodeBatch`).
 
     Every row's keys/values live in buffers allocated once, per layer (max_rows, H, block_size, head_size): row r's
     window positions 0..L-1 in columns 0..L-1 (a window always starts at position 0, so no row needs padding). A

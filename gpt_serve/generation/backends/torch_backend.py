@@ -282,7 +282,7 @@ class BatchKV(CacheSizes):
 
 
 class TorchDecodeBatch:
-    """Rows decoding together on a `TorchBackend` (see `protocol.DecodeBatch`): a new row is prefilled alone and its
+    """Rows decoding together on a `TorchBackend` (see `interface.DecodeBatch`): a new row is prefilled alone and its
     keys copied into the shared `BatchKV`; a step decodes one token for every row."""
 
     def __init__(self, backend: TorchBackend, max_rows: int):

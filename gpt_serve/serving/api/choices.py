@@ -4,7 +4,6 @@ own tokens that `echo` with `logprobs` asks for."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from fastapi import Request
@@ -54,9 +53,7 @@ def start_choices(registry: ModelRegistry, job: Job, metrics: Metrics, drain: Dr
         scheduler = registry.scheduler(job.model, job.backend)
     except ModelUnavailable as e:
         raise unavailable(e) from None
-    request = job.request
-    if job.best_of > job.n and request.logprobs is None:
-        request = dataclasses.replace(request, logprobs=0)  # best_of ranks the choices by their logprobs
+    ranked = job.best_of > job.n  # best_of ranks the choices by their logprobs
     choices: list[Choice] = []
     try:
         for i, prompt in enumerate(job.prompts):
@@ -65,7 +62,9 @@ def start_choices(registry: ModelRegistry, job: Job, metrics: Metrics, drain: Dr
             for j in range(job.best_of):
                 index = i * job.best_of + j
                 try:
-                    text = TextStream(scheduler, loaded.vocab, request, index, prompt=prompt)
+                    text = TextStream(
+                        scheduler, loaded.vocab, job.request, index, prompt=prompt, end=job.end, ranked=ranked
+                    )
                 except RequestError as e:
                     where = f"prompt {i}: " if len(job.prompts) > 1 else ""
                     raise APIError(400, f"{where}{e}", e.field) from None

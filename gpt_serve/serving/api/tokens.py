@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from ...generation.backends.protocol import check_token_ids
+from ...generation.backends.interface import check_token_ids
 from ...generation.fields import RequestError, check_value, show_value
 from ...generation.text import encode_prompt
 from ..limits import read_json
