@@ -14,7 +14,9 @@ one forward pass (`backend.new_batch()`, a `DecodeBatch` that keeps the rows' KV
 
 Every iteration has a budget of `max_tokens_per_step` tokens of forward work, shared, in this order, by the decode
 step (one token per row), the prefills of waiting requests (FIFO; a prefill is one window, at most `block_size`
-tokens; requests whose windows have the same length are prefilled together, in one forward pass) and prompt scoring
+tokens; requests whose windows have the same length are prefilled together, in one forward pass, and rows whose
+windows are the same, as the `n` choices of a prompt, share one prefill: one is prefilled, the others fork its KV
+cache, `DecodeBatch.fork`, and go on with the tokens they would make prefilled alone) and prompt scoring
 (`score`: a prompt's own logprobs, `echo`, in chunks of full windows). Each of them gets at least one unit per
 iteration, so none starves; none runs unbounded, so a long prompt to score or a burst of arrivals delays the others
 by a few steps, not by its whole cost. While rows decode or requests wait, scoring gets at most
@@ -57,7 +59,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..chargpt.window import window_start
+from ..chargpt.window import window_keep, window_start
 from .backends.protocol import Backend, describe_backend
 from .batch import FullWindowRows, RunningBatch
 from .fields import check_value
@@ -306,13 +308,17 @@ class Scheduler:
 
     def _admit(self, budget: int) -> int:
         """Prefills waiting requests and preempted rows within `budget` tokens (at least one, if a row is free),
-        those whose windows have the same length together; returns the tokens prefilled."""
+        those whose windows have the same length together, and those whose windows are the same (the `n` choices of
+        a prompt) once, forked (`RunningBatch.join`); returns the tokens prefilled."""
         free = self.max_batch - len(self._batch) - len(self._recompute)
         limit = free if self.max_prefills_per_step is None else min(free, self.max_prefills_per_step)
         groups: dict[int, list[Row]] = {}
+        windows: set[tuple[int, ...]] = set()  # a window prefilled once, whatever the rows that share it
         used = taken = 0
         while taken < limit:
-            item = self._queue.pop(budget - used if taken else None, self.backend.block_size)
+            item = self._queue.pop(
+                budget - used if taken else None, self.backend.block_size, lambda head: self._window(head) in windows
+            )
             if item is None:
                 break
             taken += 1
@@ -322,11 +328,21 @@ class Scheduler:
             if len(row.ids) - row.start > self.backend.block_size or (row.exact and row.start > 0):
                 self._recompute.rows.append(row)  # exact mode, a prompt past the window: full-window forwards from now
                 continue
-            used += len(row.ids) - row.start
+            window = self._window(row)
+            used += 0 if window in windows else len(window)  # the `n` choices of a prompt fork one prefill
+            windows.add(window)
             groups.setdefault(len(row.ids) - row.start, []).append(row)
         for rows in groups.values():
             self._prefill(rows)
         return used
+
+    def _window(self, item: Stream | Row) -> tuple[int, ...]:
+        """The window a waiting stream or preempted row would prefill (a stream's as its `Row` makes it)."""
+        if isinstance(item, Row):
+            return tuple(item.window())
+        r, block = item.request, self.backend.block_size
+        start = window_start(len(r.prompt_ids), 0, block, window_keep(block, r.window_mode, r.refill_tokens))
+        return tuple(int(t) for t in r.prompt_ids[start:])
 
     def _start(self, stream: Stream) -> Row | None:
         """A new request's row (None: its own state could not be made, and it ended with the error)."""

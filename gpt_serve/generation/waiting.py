@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 
 from .backends.protocol import Backend
 from .logprobs import ScoringQueue
@@ -76,15 +77,16 @@ class WaitingQueue:
         with self.lock:
             return len(self.streams), len(self.scoring), self.scoring.started()
 
-    def pop(self, room: int | None, block_size: int) -> Stream | Row | None:
+    def pop(self, room: int | None, block_size: int, free: Callable[[Stream | Row], bool] | None = None):
         """The next stream or preempted row, if one waits and its window (a stream's prompt, at most `block_size`
-        tokens) fits in `room` tokens (None: whatever its size)."""
+        tokens) fits in `room` tokens (None: whatever its size), or costs nothing (`free(item)`: its window is one
+        prefilled already, that it forks)."""
         with self.lock:
             if not self.streams:
                 return None
             head = self.streams[0]
             size = len(head.ids) - head.start if isinstance(head, Row) else len(head.request.prompt_ids)
-            if room is not None and min(size, block_size) > room:
+            if room is not None and min(size, block_size) > room and not (free is not None and free(head)):
                 return None
             return self.streams.popleft()
 
