@@ -55,7 +55,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -165,6 +166,18 @@ class Scheduler:
         self._queue.add(job)
         self._runner.wake()
         return job
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Requests submitted inside the block are admitted together, none before the block ends: the `n` choices of
+        a prompt, which then prefill it once and fork its cache (see the module docstring). Keep the block short:
+        nothing is admitted while it is open."""
+        self._queue.hold(True)
+        try:
+            yield
+        finally:
+            self._queue.hold(False)
+            self._runner.wake()
 
     def call(self, function, *args):
         """Runs `function(*args)` on the loop's thread, between two decode steps, and returns its result (or raises

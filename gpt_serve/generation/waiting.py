@@ -29,6 +29,7 @@ class WaitingQueue:
         self.closed = False  # once closed, nothing more is queued
         self.reserved = 0  # places held for rows preempted this iteration, until `requeue` queues them
         self.streams: deque[Stream | Row] = deque()
+        self.held = 0  # `hold`s open: nothing is admitted meanwhile
         self.scoring = ScoringQueue(backend, scoring_chunk_tokens, self.lock)
 
     def add(self, item: Stream | Scoring) -> None:
@@ -46,6 +47,13 @@ class WaitingQueue:
                 self.scoring.add(item)
             else:
                 self.streams.append(item)
+
+    def hold(self, held: bool) -> None:
+        """While one or more holds are open (`held` True opens one, False closes it), `pop` gives nothing: the
+        choices of one request are queued as a whole, and admitted together (so that they share their prompt's
+        prefill)."""
+        with self.lock:
+            self.held += 1 if held else -1
 
     def reserve(self, n: int) -> None:
         """Holds `n` places for rows being preempted: while the requests they make room for leave the queue, no new
@@ -82,7 +90,7 @@ class WaitingQueue:
         tokens) fits in `room` tokens (None: whatever its size), or costs nothing (`free(item)`: its window is one
         prefilled already, that it forks)."""
         with self.lock:
-            if not self.streams:
+            if not self.streams or self.held:
                 return None
             head = self.streams[0]
             size = len(head.ids) - head.start if isinstance(head, Row) else len(head.request.prompt_ids)

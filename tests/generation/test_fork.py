@@ -204,3 +204,21 @@ def test_what_is_forked_is_a_window_not_a_prompt(monkeypatch):
     got, _ = run(backend, reqs, max_batch=4)
     assert spy.prefilled == [[1, 2], [2, 1], [7, 8, 9, 10]] and spy.forked == [2]
     assert got == [alone(FakeBackend(), r) for r in reqs]
+
+
+def test_requests_submitted_together_are_admitted_together():
+    """Inside `Scheduler.together()` nothing is admitted (an iteration run there admits none of the choices
+    submitted so far); once it ends, the four are admitted in one iteration, one prefill and three forks."""
+    backend = FakeBackend()
+    scheduler = Scheduler(backend, max_batch=4, runner=InlineRunner())
+    try:
+        with scheduler.together():
+            streams = [scheduler.submit(r) for r in choices([1, 2, 3], 2, 5)]
+            scheduler.iterate(lambda: True)
+            assert scheduler.stats()["active"] == 0 and backend.calls == []
+            streams += [scheduler.submit(r) for r in choices([1, 2, 3], 4, 5)[2:]]
+        scheduler.iterate(lambda: True)
+        assert scheduler.stats()["active"] == 4 and backend.calls == [(0, 3)]
+        assert [list(s) for s in streams] == [alone(FakeBackend(), r) for r in choices([1, 2, 3], 4, 5)]
+    finally:
+        scheduler.close()
