@@ -39,17 +39,17 @@ class RunningBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def join(self, rows: list[Row], fail: Fail) -> Forwarded:
+    def join(self, rows: list[Row], fail: Fail, share: bool = True) -> Forwarded:
         """Prefills `rows` (windows of one length) as new last rows, in one forward pass (or each alone). Rows whose
         windows are the same (the `n` choices of a prompt) share one prefill: the first of them is prefilled, the
         others fork its KV cache (`DecodeBatch.fork`) and take its logits, and fail with its error if it fails.
         Returns the rows that joined (in their batch order: the prefilled ones, then the forks), their logits and
-        the forward passes run."""
+        the forward passes run. With `share` False, every row is prefilled."""
         first_of: dict[tuple[int, ...], int] = {}  # a window's first row in `unique`
         unique: list[Row] = []
         forks: list[tuple[Row, int]] = []  # a row and the index in `unique` of the row it copies
         for row in rows:
-            key = tuple(row.window())
+            key = tuple(row.window()) if share else (id(row),)
             if key in first_of:
                 forks.append((row, first_of[key]))
             else:

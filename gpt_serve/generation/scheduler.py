@@ -99,6 +99,8 @@ class Scheduler:
         max_scoring_tokens_per_step: scoring's share of that budget while rows decode or requests wait.
         preempt_after: the tokens a row makes, once it joined, before it yields its row to a waiting request
             (None: rows are never preempted; see the module docstring).
+        share_prompts: rows admitted together whose windows are the same prefill once and fork (see the module
+            docstring); False prefills each (what `benchmarks/serving.py --unshared` compares with).
         runner: the `Runner` whose thread runs the loop (None: a runner of its own, stopped by `close`). The
             registry gives every PyTorch backend the shared `torch_runner()`; an `InlineRunner` steps the loop on
             the thread that reads the streams (what the library's `generate_tokens` uses).
@@ -115,6 +117,7 @@ class Scheduler:
         runner: Runner | InlineRunner | None = None,
         max_scoring_tokens_per_step: int = MAX_SCORING_TOKENS_PER_STEP,
         preempt_after: int | None = DEFAULT_PREEMPT_AFTER,
+        share_prompts: bool = True,
     ):
         bounds = [("max_batch", max_batch), ("max_queue", max_queue), ("max_tokens", max_tokens_per_step)]
         bounds += [("max_scoring_tokens_per_step", max_scoring_tokens_per_step)]
@@ -126,6 +129,7 @@ class Scheduler:
         self.max_batch, self.max_queue = max_batch, max_queue
         self.max_prefills_per_step, self.max_recompute_per_step = max_prefills_per_step, max_recompute_per_step
         self.max_tokens_per_step, self.preempt_after = max_tokens_per_step, preempt_after
+        self.share_prompts = share_prompts
         self.scoring_share = min(max_scoring_tokens_per_step, max_tokens_per_step)
         self.preemptions = 0  # rows preempted so far
         self._queue = WaitingQueue(backend, max_queue, self.scoring_share)
@@ -343,7 +347,8 @@ class Scheduler:
                 continue
             window = self._window(row)
             used += 0 if window in windows else len(window)  # the `n` choices of a prompt fork one prefill
-            windows.add(window)
+            if self.share_prompts:
+                windows.add(window)
             groups.setdefault(len(row.ids) - row.start, []).append(row)
         for rows in groups.values():
             self._prefill(rows)
@@ -370,7 +375,7 @@ class Scheduler:
         """Prefills `rows` (windows of one length) as new rows of the batch, in one forward pass (or, if that fails,
         each alone: a row whose own prefill fails ends with its error), and gives each its first token."""
         first = len(self._batch)
-        rows, logits, forwards = self._batch.join(rows, self._fail)
+        rows, logits, forwards = self._batch.join(rows, self._fail, self.share_prompts)
         self.steps += forwards
         if rows:
             self._apply(rows, logits, first)

@@ -199,8 +199,8 @@ def test_what_is_forked_is_a_window_not_a_prompt(monkeypatch):
     backend = FakeBackend()
     spy = Spy(monkeypatch, backend)
     long = list(range(1, 11))  # 10 tokens past block_size 8: its window is [7, 8, 9, 10]
-    reqs = [Request([1, 2], 3, seed=0), Request([2, 1], 3, seed=0), Request(long[-4:], 3, window_mode="refill")]
-    reqs.append(Request(long, 3, window_mode="refill"))
+    reqs = [Request([1, 2], 3, seed=0), Request([2, 1], 3, seed=0), Request(long[-4:], 3, seed=1)]
+    reqs.append(Request(long, 3, seed=2, window_mode="refill"))
     got, _ = run(backend, reqs, max_batch=4)
     assert spy.prefilled == [[1, 2], [2, 1], [7, 8, 9, 10]] and spy.forked == [2]
     assert got == [alone(FakeBackend(), r) for r in reqs]
@@ -222,3 +222,13 @@ def test_requests_submitted_together_are_admitted_together():
         assert [list(s) for s in streams] == [alone(FakeBackend(), r) for r in choices([1, 2, 3], 4, 5)]
     finally:
         scheduler.close()
+
+
+def test_with_share_prompts_off_every_choice_prefills_its_own(monkeypatch):
+    """What `benchmarks/serving.py --unshared` compares with: the same tokens, a prefill per choice, no fork."""
+    backend = FakeBackend()
+    spy = Spy(monkeypatch, backend)
+    reqs = choices([1, 2, 3], 4, 5)
+    got, _ = run(backend, reqs, max_batch=4, share_prompts=False)
+    assert spy.prefilled == [[1, 2, 3]] * 4 and spy.forked == []
+    assert got == [alone(FakeBackend(), r) for r in reqs]
