@@ -88,3 +88,16 @@ def test_a_prompt_whose_prefill_fails_ends_the_request_with_its_one_error(models
             assert fine.status_code == 200 and len(fine.json()["choices"]) == 4
     finally:
         registry.close()
+
+
+def test_best_of_choices_fork_one_prefill(models_root, monkeypatch):
+    registry = ModelRegistry.discover(models_root=models_root, expected=(), threads=1)
+    spy = Spy(monkeypatch, registry.backend("tiny", "torch").backend)
+    try:
+        with running(registry, ServerLimits()) as url:
+            body = {**BODY, "backend": "torch", "n": 2, "best_of": 4, "seed": 3}
+            answer = httpx.post(url + "/v1/completions", json=body, timeout=60)
+            assert answer.status_code == 200 and len(answer.json()["choices"]) == 2
+            assert spy.forked == [0, 0, 0] and spy.prefilled.count(spy.prefilled[0]) == 1
+    finally:
+        registry.close()
