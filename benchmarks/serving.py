@@ -7,6 +7,8 @@
     python benchmarks/serving.py --threads 2 --over demo --client gradio_client   # read with gradio_client
     python benchmarks/serving.py --threads 2 --over demo --tokens 2 --streams 64 --backends torch   # request cost
     python benchmarks/serving.py --threads 2 --model lesson        # the lesson's 10.8M model (random weights)
+    python benchmarks/serving.py --threads 2 --n 8 --streams 1 8   # requests of 8 choices (the prompt forked)
+    python benchmarks/serving.py --threads 2 --n 8 --streams 1 8 --unshared   # the same, each choice prefilled
 
 For each backend and each number of concurrent streams N: N requests of `--tokens` tokens each are submitted at
 once to the `Scheduler` of a `ModelRegistry` (as the servers get theirs: PyTorch models load and decode on the
@@ -48,6 +50,7 @@ from gpt_serve.cli.flags import non_negative_float  # noqa: E402
 from gpt_serve.generation import SamplingParams  # noqa: E402
 from gpt_serve.generation.requests import Request  # noqa: E402
 from gpt_serve.generation.scheduler import Scheduler  # noqa: E402
+from gpt_serve.generation.spec import offset_seed  # noqa: E402
 from gpt_serve.models import model_path  # noqa: E402
 from gpt_serve.serving.registry import ModelRegistry  # noqa: E402
 
@@ -59,24 +62,36 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def scheduler_stream(scheduler: Scheduler, prompt: list[int], tokens: int, window_mode: str):
+def scheduler_stream(scheduler: Scheduler, prompt: list[int], tokens: int, window_mode: str, n: int = 1):
     """A consumer of one stream through `scheduler`, as the API server's handlers read theirs: an asyncio coroutine
-    (`Stream.atake`), all of them on one event loop (`run` sees it is one)."""
+    (`Stream.atake`), all of them on one event loop (`run` sees it is one). With `n` > 1, the stream is a request of
+    `n` choices, submitted as the API submits them (together, choice j with seed `seed + j`): its first token is
+    its first choice's, its tokens all of theirs."""
 
     async def consume(seed: int):
-        stream = scheduler.submit(Request(prompt, tokens, SamplingParams(0.8), seed=seed, window_mode=window_mode))
-        start, count, first = time.perf_counter(), 0, None
-        while (chunk := await stream.atake()) is not None:
-            first = first or time.perf_counter()
-            count += len(chunk)
-        end = time.perf_counter()
+        start = time.perf_counter()
+        with scheduler.together():
+            streams = [
+                scheduler.submit(Request(prompt, tokens, SamplingParams(0.8), offset_seed(seed, j), window_mode))
+                for j in range(n)
+            ]
+
+        async def read(stream):
+            count, first = 0, None
+            while (chunk := await stream.atake()) is not None:
+                first = first or time.perf_counter()
+                count += len(chunk)
+            return first, count
+
+        read_all = await asyncio.gather(*(read(stream) for stream in streams))
+        end, first, count = time.perf_counter(), min(f for f, _ in read_all), sum(c for _, c in read_all)
         return first - start, (count - 1) / max(end - first, 1e-9), count
 
     return consume
 
 
-def api_stream(url: str, model: str, backend: str, prompt: str, tokens: int, window_mode: str):
-    """The same through the OpenAI-compatible API (characters are tokens here)."""
+def api_stream(url: str, model: str, backend: str, prompt: str, tokens: int, window_mode: str, n: int = 1):
+    """The same through the OpenAI-compatible API (characters are tokens here), `n` choices a request."""
     import openai
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
@@ -84,8 +99,9 @@ def api_stream(url: str, model: str, backend: str, prompt: str, tokens: int, win
 
     def consume(seed: int):
         chunks = client.completions.create(
-            model=model, prompt=prompt, max_tokens=tokens, temperature=0.8, seed=seed, stream=True, extra_body=extra
-        )
+            model=model, prompt=prompt, max_tokens=tokens, temperature=0.8, seed=seed, n=n, stream=True,
+            extra_body=extra,
+        )  # fmt: skip
         for chunk in chunks:
             if chunk.choices and chunk.choices[0].text:
                 yield len(chunk.choices[0].text)
@@ -219,7 +235,8 @@ def start_server(args, model_dirs: list[str]) -> tuple[subprocess.Popen, str]:
     if args.over == "api":
         cli = [sys.executable, "-m", "gpt_serve", "serve", *([] if model_dirs else [args.model]), "--port", str(port)]
         cli += ["--threads", str(args.threads)]
-        cli += ["--max-num-seqs", str(args.max_batch), "--max-queue", str(max(args.streams)), "--log-level", "warning"]
+        cli += ["--max-num-seqs", str(args.max_batch), "--max-queue", str(max(args.streams) * args.n)]
+        cli += ["--log-level", "warning"]
         ready = "/health"
     else:
         cli = [sys.executable, "-m", "demo", "--port", str(port), "--threads", str(args.threads), "--no-preload"]
@@ -251,6 +268,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backends", nargs="+", default=["torch", "onnx-int8"])
     p.add_argument("--streams", nargs="+", type=int, default=[1, 4, 16, 64])
     p.add_argument("--tokens", type=int, default=200, help="max_new_tokens of every stream")
+    p.add_argument(
+        "--n",
+        type=int,
+        default=1,
+        help="choices a stream's request asks for (OpenAI's n; --over scheduler or api): they prefill the prompt "
+        "once and fork it; TTFT is the request's first token, throughput counts every choice's tokens",
+    )
+    p.add_argument(
+        "--unshared",
+        action="store_true",
+        help="with --over scheduler: rows with the same prompt each prefill it (no fork), to compare with",
+    )
     p.add_argument("--prompt", default="ROMEO:")
     p.add_argument("--window-mode", choices=["exact", "refill"], default="refill")
     p.add_argument("--max-batch", type=int, default=64)
@@ -288,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     given = [flag for flag, used in demo_only.items() if used]
     if given and args.over != "demo":
         p.error(f"only with --over demo: {', '.join(given)}")
+    if args.n < 1:
+        p.error(f"--n must be at least 1, got {args.n}")
+    if args.n > 1 and args.over == "demo":
+        p.error("--n is for --over scheduler or api (the demo's /generate makes one text a request)")
+    if args.unshared and args.over != "scheduler":
+        p.error("--unshared is for --over scheduler (a server always shares its requests' prompts)")
     if args.new_sessions and args.client == "gradio_client":
         p.error("--new-sessions is for the http client (gradio_client keeps one session per client)")
     with tempfile.TemporaryDirectory() as work:
@@ -306,6 +341,9 @@ def bench(args, work: Path) -> int:
         f"{args.threads} threads, max_batch {args.max_batch}, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.1f} at the start"
     )
+    if args.n > 1:
+        shared = "each choice prefills it" if args.unshared else "the prompt prefilled once and forked"
+        print(f"each stream a request of n={args.n} choices ({shared}): TTFT is its first token, tokens all choices'")
     over = {
         "api": "the OpenAI-compatible API (HTTP, openai client)",
         "demo": f"the demo's /generate (HTTP, {'gradio_client' if args.client == 'gradio_client' else 'httpx'})",
@@ -323,14 +361,17 @@ def bench(args, work: Path) -> int:
             if server is None:  # the servers' way: a registry's loaded backend and scheduler (PyTorch: one thread)
                 folder = model_dirs[0].split("=", 1)[1] if model_dirs else model_path(args.model)
                 registry = ModelRegistry(
-                    {"model": folder}, threads=args.threads, max_batch=args.max_batch, max_queue=max(args.streams)
-                )
+                    {"model": folder}, threads=args.threads, max_batch=args.max_batch,
+                    max_queue=max(args.streams) * args.n,
+                )  # fmt: skip
                 loaded, scheduler = registry.backend("model", key), registry.scheduler("model", key)
-                consume = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), args.tokens, args.window_mode)
-                warm = scheduler_stream(scheduler, loaded.vocab.encode(args.prompt), WARM_TOKENS, args.window_mode)
+                scheduler.share_prompts = not args.unshared
+                ids = loaded.vocab.encode(args.prompt)
+                consume = scheduler_stream(scheduler, ids, args.tokens, args.window_mode, args.n)
+                warm = scheduler_stream(scheduler, ids, WARM_TOKENS, args.window_mode, args.n)
             else:
                 if args.over == "api":
-                    stream = api_stream
+                    stream = functools.partial(api_stream, n=args.n)
                 elif args.client == "gradio_client":
                     stream = functools.partial(gradio_client_stream, streams=max(args.streams))
                 else:
@@ -338,15 +379,15 @@ def bench(args, work: Path) -> int:
                 consume = stream(server[1], args.model, key, args.prompt, args.tokens, args.window_mode)
                 warm = stream(server[1], args.model, key, args.prompt, WARM_TOKENS, args.window_mode)
             try:
-                run(warm, 2, WARM_TOKENS)  # loading, first-call allocations, thread pools
+                run(warm, 2, WARM_TOKENS * args.n)  # loading, first-call allocations, thread pools
                 # then a whole round at the most streams: every window length, the batch's largest shapes (a cold
                 # first round ran slower: one stream ~40%, 64 over the demo 1.1-1.3 s to the first token against
                 # 0.4-0.7 s in the next) and, over the demo, every visitor's Gradio session
-                run(consume, max(args.streams), args.tokens)
+                run(consume, max(args.streams), args.tokens * args.n)
                 for n in args.streams:
                     cpu = process_cpu_seconds(server[0].pid) if server else None
                     client_cpu = time.process_time()
-                    r = run(consume, n, args.tokens)
+                    r = run(consume, n, args.tokens * args.n)
                     client_cpu = time.process_time() - client_cpu
                     after = process_cpu_seconds(server[0].pid) if server else None
                     used = " n/a | n/a |" if server else ""

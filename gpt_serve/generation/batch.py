@@ -39,17 +39,69 @@ class RunningBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def join(self, rows: list[Row], fail: Fail) -> Forwarded:
-        """Prefills `rows` (windows of one length) as new last rows, in one forward pass (or each alone)."""
+    def join(self, rows: list[Row], fail: Fail, share: bool = True) -> Forwarded:
+        """Prefills `rows` (windows of one length) as new last rows, in one forward pass (or each alone). Rows whose
+        windows are the same (the `n` choices of a prompt) share one prefill: the first of them is prefilled, the
+        others fork its KV cache (`DecodeBatch.fork`) and take its logits, and fail with its error if it fails.
+        Returns the rows that joined (in their batch order: the prefilled ones, then the forks), their logits and
+        the forward passes run. With `share` False, every row is prefilled."""
+        first_of: dict[tuple[int, ...], int] = {}  # a window's first row in `unique`
+        unique: list[Row] = []
+        forks: list[tuple[Row, int]] = []  # a row and the index in `unique` of the row it copies
+        for row in rows:
+            key = tuple(row.window()) if share else (id(row),)
+            if key in first_of:
+                forks.append((row, first_of[key]))
+            else:
+                first_of[key] = len(unique)
+                unique.append(row)
         first = len(self.batch)
         try:
-            logits, forwards = self.batch.add_rows([row.window() for row in rows]), 1
+            joined, logits, forwards = unique, self.batch.add_rows([row.window() for row in unique]), 1
         except Exception:
             if len(self.batch) != first:  # a batch left half-changed: nothing else can be trusted
                 raise
-            rows, logits, forwards = _each_alone(rows, lambda row: self.batch.add(row.window()), "the prefill", fail)
-        self.rows += rows
-        return rows, logits, forwards
+            joined, logits, forwards, forks = self._each_alone(unique, forks, fail)
+        self.rows += joined
+        if forks:
+            logits = self._fork(joined, logits, forks, first, fail)
+        return self.rows[first:], logits, forwards
+
+    def _each_alone(self, unique: list[Row], forks: list[tuple[Row, int]], fail: Fail):
+        """`unique` prefilled each alone; a row whose prefill fails ends with its error, and so do its `forks`.
+        Returns the rows prefilled, their logits, the passes run and the forks of those rows (indices into them)."""
+        errors: dict[int, EngineError] = {}
+
+        def failed(row: Row, error: EngineError) -> None:
+            errors[id(row)] = error
+            fail(row, error)
+
+        joined, logits, forwards = _each_alone(unique, lambda row: self.batch.add(row.window()), "the prefill", failed)
+        at = {id(row): i for i, row in enumerate(joined)}
+        kept = []
+        for row, source in forks:
+            source = unique[source]
+            if id(source) in at:
+                kept.append((row, at[id(source)]))
+            else:
+                fail(row, EngineError(str(errors[id(source)])))  # the same message, an error of its own
+        return joined, logits, forwards, kept
+
+    def _fork(self, joined: list[Row], logits: np.ndarray, forks: list[tuple[Row, int]], first: int, fail: Fail):
+        """Adds `forks` (each a row and the index in `joined`, batch row `first + index`, of the row it copies) as
+        copies after `joined`; returns the logits of `joined` and the forks. If the fork fails, the copies end with
+        its error and the rows prefilled go on."""
+        try:
+            self.batch.fork([first + source for _, source in forks])
+        except Exception as e:
+            if len(self.batch) != first + len(joined):
+                raise
+            logger.exception("the fork of a prefilled prompt failed")
+            for row, _ in forks:
+                fail(row, EngineError(f"the prefill failed for this request: the fork of its prompt's cache: {e}"))
+            return logits
+        self.rows += [row for row, _ in forks]
+        return np.concatenate([logits, logits[[source for _, source in forks]]])
 
     def remove(self, index: int) -> None:
         """Takes row `index` out; the last row moves into its place."""

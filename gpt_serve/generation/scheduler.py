@@ -14,7 +14,9 @@ one forward pass (`backend.new_batch()`, a `DecodeBatch` that keeps the rows' KV
 
 Every iteration has a budget of `max_tokens_per_step` tokens of forward work, shared, in this order, by the decode
 step (one token per row), the prefills of waiting requests (FIFO; a prefill is one window, at most `block_size`
-tokens; requests whose windows have the same length are prefilled together, in one forward pass) and prompt scoring
+tokens; requests whose windows have the same length are prefilled together, in one forward pass, and rows whose
+windows are the same, as the `n` choices of a prompt, share one prefill: one is prefilled, the others fork its KV
+cache, `DecodeBatch.fork`, and go on with the tokens they would make prefilled alone) and prompt scoring
 (`score`: a prompt's own logprobs, `echo`, in chunks of full windows). Each of them gets at least one unit per
 iteration, so none starves; none runs unbounded, so a long prompt to score or a burst of arrivals delays the others
 by a few steps, not by its whole cost. While rows decode or requests wait, scoring gets at most
@@ -53,11 +55,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
-from ..chargpt.window import window_start
+from ..chargpt.window import window_keep, window_start
 from .backends.interface import Backend, describe_backend
 from .batch import FullWindowRows, RunningBatch
 from .fields import check_value
@@ -96,6 +99,8 @@ class Scheduler:
         max_scoring_tokens_per_step: scoring's share of that budget while rows decode or requests wait.
         preempt_after: the tokens a row makes, once it joined, before it yields its row to a waiting request
             (None: rows are never preempted; see the module docstring).
+        share_prompts: rows admitted together whose windows are the same prefill once and fork (see the module
+            docstring); False prefills each (what `benchmarks/serving.py --unshared` compares with).
         runner: the `Runner` whose thread runs the loop (None: a runner of its own, stopped by `close`). The
             registry gives every PyTorch backend the shared `torch_runner()`; an `InlineRunner` steps the loop on
             the thread that reads the streams (what the library's `generate_tokens` uses).
@@ -112,6 +117,7 @@ class Scheduler:
         runner: Runner | InlineRunner | None = None,
         max_scoring_tokens_per_step: int = MAX_SCORING_TOKENS_PER_STEP,
         preempt_after: int | None = DEFAULT_PREEMPT_AFTER,
+        share_prompts: bool = True,
     ):
         bounds = [("max_batch", max_batch), ("max_queue", max_queue), ("max_tokens", max_tokens_per_step)]
         bounds += [("max_scoring_tokens_per_step", max_scoring_tokens_per_step)]
@@ -123,6 +129,7 @@ class Scheduler:
         self.max_batch, self.max_queue = max_batch, max_queue
         self.max_prefills_per_step, self.max_recompute_per_step = max_prefills_per_step, max_recompute_per_step
         self.max_tokens_per_step, self.preempt_after = max_tokens_per_step, preempt_after
+        self.share_prompts = share_prompts
         self.scoring_share = min(max_scoring_tokens_per_step, max_tokens_per_step)
         self.preemptions = 0  # rows preempted so far
         self._queue = WaitingQueue(backend, max_queue, self.scoring_share)
@@ -163,6 +170,18 @@ class Scheduler:
         self._queue.add(scoring)
         self._runner.wake()
         return scoring
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Requests submitted inside the block are admitted together, none before the block ends: the `n` choices of
+        a prompt, which then prefill it once and fork its cache (see the module docstring). Keep the block short:
+        nothing is admitted while it is open."""
+        self._queue.hold(True)
+        try:
+            yield
+        finally:
+            self._queue.hold(False)
+            self._runner.wake()
 
     def call(self, function, *args):
         """Runs `function(*args)` on the loop's thread, between two decode steps, and returns its result (or raises
@@ -306,13 +325,17 @@ class Scheduler:
 
     def _admit(self, budget: int) -> int:
         """Prefills waiting requests and preempted rows within `budget` tokens (at least one, if a row is free),
-        those whose windows have the same length together; returns the tokens prefilled."""
+        those whose windows have the same length together, and those whose windows are the same (the `n` choices of
+        a prompt) once, forked (`RunningBatch.join`); returns the tokens prefilled."""
         free = self.max_batch - len(self._batch) - len(self._recompute)
         limit = free if self.max_prefills_per_step is None else min(free, self.max_prefills_per_step)
         groups: dict[int, list[Row]] = {}
+        windows: set[tuple[int, ...]] = set()  # a window prefilled once, whatever the rows that share it
         used = taken = 0
         while taken < limit:
-            item = self._queue.pop(budget - used if taken else None, self.backend.block_size)
+            item = self._queue.pop(
+                budget - used if taken else None, self.backend.block_size, lambda head: self._window(head) in windows
+            )
             if item is None:
                 break
             taken += 1
@@ -322,11 +345,22 @@ class Scheduler:
             if len(row.ids) - row.start > self.backend.block_size or (row.exact and row.start > 0):
                 self._recompute.rows.append(row)  # exact mode, a prompt past the window: full-window forwards from now
                 continue
-            used += len(row.ids) - row.start
+            window = self._window(row)
+            used += 0 if window in windows else len(window)  # the `n` choices of a prompt fork one prefill
+            if self.share_prompts:
+                windows.add(window)
             groups.setdefault(len(row.ids) - row.start, []).append(row)
         for rows in groups.values():
             self._prefill(rows)
         return used
+
+    def _window(self, item: Stream | Row) -> tuple[int, ...]:
+        """The window a waiting stream or preempted row would prefill (a stream's as its `Row` makes it)."""
+        if isinstance(item, Row):
+            return tuple(item.window())
+        r, block = item.request, self.backend.block_size
+        start = window_start(len(r.prompt_ids), 0, block, window_keep(block, r.window_mode, r.refill_tokens))
+        return tuple(int(t) for t in r.prompt_ids[start:])
 
     def _start(self, stream: Stream) -> Row | None:
         """A new request's row (None: its own state could not be made, and it ended with the error)."""
@@ -341,7 +375,7 @@ class Scheduler:
         """Prefills `rows` (windows of one length) as new rows of the batch, in one forward pass (or, if that fails,
         each alone: a row whose own prefill fails ends with its error), and gives each its first token."""
         first = len(self._batch)
-        rows, logits, forwards = self._batch.join(rows, self._fail)
+        rows, logits, forwards = self._batch.join(rows, self._fail, self.share_prompts)
         self.steps += forwards
         if rows:
             self._apply(rows, logits, first)

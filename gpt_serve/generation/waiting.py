@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 
 from .backends.interface import Backend
 from .logprobs import ScoringQueue
@@ -28,6 +29,7 @@ class WaitingQueue:
         self.closed = False  # once closed, nothing more is queued
         self.reserved = 0  # places held for rows preempted this iteration, until `requeue` queues them
         self.streams: deque[Stream | Row] = deque()
+        self.held = 0  # `hold`s open: nothing is admitted meanwhile
         self.scoring = ScoringQueue(backend, scoring_chunk_tokens, self.lock)
 
     def add(self, item: Stream | Scoring) -> None:
@@ -45,6 +47,13 @@ class WaitingQueue:
                 self.scoring.add(item)
             else:
                 self.streams.append(item)
+
+    def hold(self, held: bool) -> None:
+        """While one or more holds are open (`held` True opens one, False closes it), `pop` gives nothing: the
+        choices of one request are queued as a whole, and admitted together (so that they share their prompt's
+        prefill)."""
+        with self.lock:
+            self.held += 1 if held else -1
 
     def reserve(self, n: int) -> None:
         """Holds `n` places for rows being preempted: while the requests they make room for leave the queue, no new
@@ -76,15 +85,16 @@ class WaitingQueue:
         with self.lock:
             return len(self.streams), len(self.scoring), self.scoring.started()
 
-    def pop(self, room: int | None, block_size: int) -> Stream | Row | None:
+    def pop(self, room: int | None, block_size: int, free: Callable[[Stream | Row], bool] | None = None):
         """The next stream or preempted row, if one waits and its window (a stream's prompt, at most `block_size`
-        tokens) fits in `room` tokens (None: whatever its size)."""
+        tokens) fits in `room` tokens (None: whatever its size), or costs nothing (`free(item)`: its window is one
+        prefilled already, that it forks)."""
         with self.lock:
-            if not self.streams:
+            if not self.streams or self.held:
                 return None
             head = self.streams[0]
             size = len(head.ids) - head.start if isinstance(head, Row) else len(head.request.prompt_ids)
-            if room is not None and min(size, block_size) > room:
+            if room is not None and min(size, block_size) > room and not (free is not None and free(head)):
                 return None
             return self.streams.popleft()
 

@@ -67,10 +67,24 @@ def test_serving_benchmark():
         *("--threads", "1", "--window-mode", "exact"),
     )
     assert "| torch | 3 | 3/3 |" in out and "| onnx | 1 | 1/1 |" in out
+    for unshared in ([], ["--unshared"]):  # requests of 8 choices, the prompt forked (or each prefilled)
+        out = run_script(
+            "serving.py",
+            *("--model", "ladder-a", "--backends", "torch", "onnx-int8", "--streams", "1", "2", "--tokens", "6"),
+            *("--threads", "1", "--n", "8", *unshared),
+        )
+        assert "each stream a request of n=8 choices" in out
+        assert "| torch | 2 | 2/2 |" in out and "| onnx-int8 | 1 | 1/1 |" in out
     out = run_script(
         "serving.py",
         *("--model", "ladder-a", "--backends", "torch", "--streams", "2", "--tokens", "10", "--threads", "1"),
         *("--over", "api"),
+    )
+    assert "| torch | 2 | 2/2 |" in out
+    out = run_script(
+        "serving.py",
+        *("--model", "ladder-a", "--backends", "torch", "--streams", "2", "--tokens", "5", "--threads", "1"),
+        *("--over", "api", "--n", "8"),
     )
     assert "| torch | 2 | 2/2 |" in out
     out = run_script(
@@ -95,6 +109,9 @@ def test_serving_benchmark():
         (["--max-updates-per-second", "50"], "only with --over demo: --max-updates-per-second"),
         (["--over", "demo", "--client", "gradio_client", "--new-sessions"], "--new-sessions is for the http client"),
         (["--over", "demo", "--max-updates-per-second", "-1"], "must be a finite number >= 0, got -1"),
+        (["--n", "0"], "--n must be at least 1, got 0"),
+        (["--over", "demo", "--n", "8"], "--n is for --over scheduler or api"),
+        (["--over", "api", "--unshared"], "--unshared is for --over scheduler"),
     ],
 )
 def test_serving_benchmark_refuses_flags_that_would_do_nothing(args, message):

@@ -72,6 +72,10 @@ class FakeBatch:
             self.caches = kept
             raise
 
+    def fork(self, sources):
+        assert len(self.caches) + len(sources) <= self.max_rows
+        self.caches += [self.caches[r] for r in sources]  # (a step replaces a row's cache, never changes it)
+
     def remove(self, row: int) -> None:
         last = self.caches.pop()
         if row < len(self.caches):

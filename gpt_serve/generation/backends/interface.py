@@ -27,6 +27,11 @@ class DecodeBatch(Protocol):
     def add_rows(self, windows: Sequence[Sequence[int]]) -> np.ndarray:
         """Prefills windows of one length together as new last rows (in order); returns their logits (rows, V)."""
 
+    def fork(self, sources: Sequence[int]) -> None:
+        """Adds new last rows (in order), the new row j a copy of row `sources[j]`: its KV cache copied, no forward
+        pass. The `n` choices of one prompt prefill it once and fork (`RunningBatch.join`); a copy decodes exactly
+        as its source would, so its tokens are those it would make prefilled alone."""
+
     def remove(self, row: int) -> None: ...
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
@@ -85,6 +90,17 @@ def check_token_ids(ids, vocab_size: int, name: str = "input_ids") -> None:
     bad = ids[(ids < 0) | (ids >= vocab_size)]
     if bad.size:
         raise ValueError(f"{name} holds ids {bad[:10].tolist()} outside the vocabulary [0, {vocab_size - 1}]")
+
+
+def check_fork(sources: Sequence[int], rows: int, max_rows: int) -> list[int]:
+    """`sources` as a list of ints, checked for `DecodeBatch.fork` on a batch of `rows` (of at most `max_rows`):
+    ValueError past `max_rows`, IndexError for a source that is not one of its rows."""
+    sources = [int(r) for r in sources]
+    if rows + len(sources) > max_rows:
+        raise ValueError(f"the batch holds {max_rows} rows at most")
+    if any(not 0 <= r < rows for r in sources):
+        raise IndexError(f"fork: rows {sources} are not all in a batch of {rows}")
+    return sources
 
 
 def describe_backend(backend: Backend) -> str:

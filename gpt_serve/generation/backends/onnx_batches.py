@@ -15,6 +15,8 @@ from typing import Protocol
 import numpy as np
 import onnxruntime as ort
 
+from .interface import check_fork
+
 
 class OnnxGraphs(Protocol):
     """What the caches and batches use of their `OnnxBackend`: its two graphs and the model's shape."""
@@ -97,6 +99,10 @@ class OnnxDecodeBatch:
         """Each window prefilled alone (joining this layout rebuilds the cache anyway)."""
         return np.stack([self.add(ids) for ids in windows])
 
+    def fork(self, sources) -> None:
+        order = [*range(len(self)), *check_fork(sources, len(self), self.max_rows)]
+        self._set([a[order] for a in self._numpy()], self.mask[order], self.lengths[order])
+
     def remove(self, row: int) -> None:
         if not 0 <= row < len(self):
             raise IndexError(f"no row {row} in a batch of {len(self)}")
@@ -154,6 +160,16 @@ class OnnxInPlaceBatch:
         self.lengths[first : first + k] = L
         self.rows += k
         return logits
+
+    def fork(self, sources) -> None:
+        first, sources = self.rows, check_fork(sources, self.rows, self.max_rows)
+        if not sources:
+            return
+        used = int(self.lengths[sources].max())
+        for buffer in self.cache:
+            buffer[first : first + len(sources), :, :used] = buffer[sources, :, :used]
+        self.lengths[first : first + len(sources)] = self.lengths[sources]
+        self.rows += len(sources)
 
     def remove(self, row: int) -> None:
         if not 0 <= row < self.rows:

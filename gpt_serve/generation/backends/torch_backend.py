@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ...chargpt.modeling_chargpt import CharGPTForCausalLM
+from .interface import check_fork
 from .torch_decode import DecodePlan, decode_copy
 
 
@@ -271,6 +272,16 @@ class BatchKV(CacheSizes):
                 b[first : first + k, :, self.width - L : self.width] = t
         self.lengths[first : first + k] = L
 
+    def copy_rows(self, sources: list[int]) -> None:
+        """Appends rows after the last, the new row j a copy of row `sources[j]` (its used columns and length)."""
+        first, k = self.rows, len(sources)
+        index = torch.as_tensor(sources, dtype=torch.long, device=self.keys[0].device)
+        for buffers in (self.keys, self.values):
+            for b in buffers:
+                b[first : first + k, :, self.lo : self.width] = b[index, :, self.lo : self.width]
+        self.lengths[first : first + k] = self.lengths[sources]
+        self.rows += k
+
     def move_row(self, src: int, dst: int) -> None:
         for buffers in (self.keys, self.values):
             for b in buffers:
@@ -309,6 +320,9 @@ class TorchDecodeBatch:
         kv.rows += k
         kv.refresh_lo()
         return logits
+
+    def fork(self, sources) -> None:
+        self.kv.copy_rows(check_fork(sources, self.kv.rows, self.max_rows))
 
     def remove(self, row: int) -> None:
         kv = self.kv

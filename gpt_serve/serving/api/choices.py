@@ -56,20 +56,21 @@ def start_choices(registry: ModelRegistry, job: Job, metrics: Metrics, drain: Dr
     ranked = job.best_of > job.n  # best_of ranks the choices by their logprobs
     choices: list[Choice] = []
     try:
-        for i, prompt in enumerate(job.prompts):
-            if not isinstance(prompt, str):
-                prompt = decode_ids(loaded.vocab, prompt, "prompt")
-            for j in range(job.best_of):
-                index = i * job.best_of + j
-                try:
-                    text = TextStream(
-                        scheduler, loaded.vocab, job.request, index, prompt=prompt, end=job.end, ranked=ranked
-                    )
-                except RequestError as e:
-                    where = f"prompt {i}: " if len(job.prompts) > 1 else ""
-                    raise APIError(400, f"{where}{e}", e.field) from None
-                drain.open.add(text)
-                choices.append(Choice(index, text, job, metrics))
+        with scheduler.together():  # admitted together: the choices of a prompt share its prefill (forked)
+            for i, prompt in enumerate(job.prompts):
+                if not isinstance(prompt, str):
+                    prompt = decode_ids(loaded.vocab, prompt, "prompt")
+                for j in range(job.best_of):
+                    index = i * job.best_of + j
+                    try:
+                        text = TextStream(
+                            scheduler, loaded.vocab, job.request, index, prompt=prompt, end=job.end, ranked=ranked
+                        )
+                    except RequestError as e:
+                        where = f"prompt {i}: " if len(job.prompts) > 1 else ""
+                        raise APIError(400, f"{where}{e}", e.field) from None
+                    drain.open.add(text)
+                    choices.append(Choice(index, text, job, metrics))
     except BaseException as e:  # a refusal after some choices started: none of them is left behind
         end_choices(choices, drain)
         raise refusal(e) from None
