@@ -225,5 +225,8 @@ def curve_figure(curve: Curve):
     ax.set_xlabel("step", fontsize=10)
     ax.set_ylabel("loss (nats/char)", fontsize=10)
     ax.grid(alpha=0.3)
-    fig.legend(fontsize=10, loc="outside lower center", ncols=3, frameon=False)  # below: the lines' labels stay free
+    entries = len(ax.get_legend_handles_labels()[0])
+    # below the plot (the lines' labels stay free), two a row when the base is one: a phone shows the figure narrow
+    if entries:
+        fig.legend(fontsize=10, loc="outside lower center", ncols=min(entries, 2), frameon=False)
     return fig

@@ -177,3 +177,16 @@ def test_the_loss_axis_cuts_the_first_loss_from_scratch(tmp_path):
     refs = Curve("m", steps=(0, 1), train=(4.0, 3.5), val=(4.1, 3.6), references=ladder_references())
     low, high = y_range(refs)
     assert low < 2.06 and high > 4.1  # a short run above 3.0: all of it, and the ladder below it
+
+
+def test_records_without_losses_draw_an_empty_plot(tmp_path):
+    registry = registry_of(model_folder(tmp_path, "mine", [{"step": 0}, {"step": 5, "val_loss": None}]))
+    curve = training_curve(registry, "mine")
+    assert (
+        curve.steps == (0, 5)
+        and curve.val == (None, None)
+        and curve.note == ("`mine`: 2 evaluations · dotted: the lesson's ladder, A (one head) to E.")
+    )
+    figure = curve_figure(curve)
+    labels = [line.get_label() for line in figure.axes[0].get_lines()]
+    assert "train" not in labels and "validation" not in labels and not figure.legends
