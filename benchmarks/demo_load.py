@@ -57,7 +57,7 @@ def start_demo(args) -> tuple[subprocess.Popen, str, str]:
         str(args.threads),
         "--model",
         args.model,
-        "--concurrency",
+        "--max-num-seqs",
         str(args.concurrency),
         "--log-level",
         "WARNING",

@@ -240,7 +240,7 @@ def start_server(args, model_dirs: list[str]) -> tuple[subprocess.Popen, str]:
         ready = "/health"
     else:
         cli = [sys.executable, "-m", "demo", "--port", str(port), "--threads", str(args.threads), "--no-preload"]
-        cli += ["--concurrency", str(max(args.streams)), "--max-new-tokens-limit", str(max(args.tokens, WARM_TOKENS))]
+        cli += ["--max-num-seqs", str(max(args.streams)), "--max-tokens-limit", str(max(args.tokens, WARM_TOKENS))]
         if args.max_updates_per_second is not None:
             cli += ["--max-updates-per-second", str(args.max_updates_per_second)]
         ready = "/"

@@ -25,6 +25,7 @@ waiting in line behind Gradio's default limit of 1.
 
 from __future__ import annotations
 
+import functools
 import json
 from types import SimpleNamespace
 
@@ -41,10 +42,12 @@ from .access import access_options
 from .attention import VIEW_CSS, VIEW_JS
 from .captions import PENDING_CAPTION, example_prompts, intro, page_title, range_note_js
 from .comparison import Comparison
+from .curve import curve_update
 from .form import FORM
 from .format_control import format_control
 from .generation import Activity, Limits
 from .handlers import PAGE_FIELDS, SAMPLING_SLIDERS, DemoHandlers
+from .input_checks import describe_parameters, explain_bad_inputs
 
 # A fresh ticket for each run started from the page; its Stop sends the ticket back (see `StopRequests`). A run also
 # enables its Stop (`DemoHandlers.ui_generate_ended` / `ui_compare_ended` disable it again) and clears what the page
@@ -93,7 +96,8 @@ def launch_options(
 
 # A disabled Stop looks like any disabled button (Gradio draws it in its "stop" colour, as if it could be pressed);
 # a comparison column's label stays on one line, so that every column's box starts at the same height; on a narrow
-# screen the title is smaller and the examples are one row that scrolls sideways.
+# screen the title is smaller, the examples are one row that scrolls sideways, and the settings column is tighter
+# (its folded accordions: the training curve and the sampling).
 CSS = """
 #output textarea, .ladder textarea {font-family: ui-monospace, SFMono-Regular, Menlo, monospace;}
 #attention-caption code, #compare-status code {white-space: pre-wrap; word-break: break-all;}
@@ -104,15 +108,20 @@ CSS = """
 #intro h1 {margin-bottom: 0.2em;}
 @media (max-width: 720px) {
   #intro h1 {font-size: 1.5rem;}
+  #settings-column {gap: 8px;}
+  #curve, #sampling {padding-top: 6px; padding-bottom: 6px;}
   #examples .gallery:has(> .gallery-item) {flex-wrap: nowrap; overflow-x: auto; padding-bottom: 4px;}
   #examples .gallery-item {flex: 0 0 auto;}
   #examples .gallery-item .gallery {white-space: nowrap !important;}
 }
 """
-# On a narrow screen (a phone) the settings start folded: the prompt, the output and the attention view come first.
+# On a narrow screen (a phone) the settings and the training curve start folded: the prompt, the output and the
+# attention view come first.
 ON_LOAD_JS = """() => {
   if (window.matchMedia("(max-width: 720px)").matches) {
-    document.querySelector("#sampling > .label-wrap.open, #sampling > button.open")?.click();
+    for (const id of ["sampling", "curve"]) {
+      document.querySelector(`#${id} > .label-wrap.open, #${id} > button.open`)?.click();
+    }
   }
 }"""
 
@@ -161,7 +170,7 @@ def build_demo(
         ui = _layout(registry, handlers, limits, default_backend)
         _wire(demo, ui, handlers, concurrency)
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
-    _explain_bad_inputs(demo)  # every event, private ones included: a message, not {"error": null}
+    explain_bad_inputs(demo)  # every event, private ones included: a message, not {"error": null}
     # for tests and benchmarks: the counters, the models, and the event functions callable without a browser
     demo.activity, demo.registry, demo.handlers = handlers.activity, registry, handlers
     return demo
@@ -171,57 +180,82 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
     """The page's components; `form` holds the request's, in the order of `PAGE_FIELDS`. The prompt, the buttons and
     the output come first, the settings beside them (below them on a narrow screen, where the columns wrap)."""
     ui = SimpleNamespace()
+    record = registry.corpus(handlers.default_model)
     with gr.Row():
         with gr.Column(scale=3, min_width=320):
-            record = registry.corpus(handlers.default_model)
-            default_prompt = record.default_prompt if record is not None else FORM["prompt"]["default"]
-            ui.prompt = gr.Textbox(default_prompt, label=FORM["prompt"]["label"], lines=4, elem_id="prompt")
-            with gr.Row():
-                ui.generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", min_width=100)
-                ui.stop_btn = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop-btn",
-                                        elem_classes="stop-btn", min_width=100)  # fmt: skip
-            ui.output = gr.Textbox(  # a few lines until text comes, then it grows
-                label="Output",
-                lines=4,
-                max_lines=28,
-                interactive=False,
-                autoscroll=True,
-                elem_id="output",
-                buttons=["copy"],
-            )
-            ui.stats = gr.Markdown(elem_id="stats")
-            ui.status = gr.Markdown(elem_id="status")
-        with gr.Column(scale=2, min_width=320):
-            examples = example_prompts(record)  # the model's sample prompts; updated when another model is chosen
-            ui.examples = gr.Examples(
-                examples or [[""]], inputs=[ui.prompt], label="Examples", elem_id="examples"
-            ).dataset
-            ui.examples.visible = bool(examples)
-            with gr.Row():
-                ui.model = gr.Dropdown(
-                    [(n if n in registry.available else f"{n} (not available)", n) for n in registry.names],
-                    value=handlers.default_model,
-                    label="Model",
-                    elem_id="model",
-                )
-                ui.backend = gr.Dropdown(
-                    [(label, key) for key, label in BACKENDS.items()],
-                    value=default_backend,
-                    label="Backend",
-                    elem_id="backend",
-                )
-            ui.model_info = gr.Markdown(elem_id="model-info")
+            _run_layout(ui, record)
+        with gr.Column(scale=2, min_width=320, elem_id="settings-column"):
+            _model_layout(ui, registry, handlers, record, default_backend)
             with gr.Accordion("Sampling", open=True, elem_id="sampling"):
-                format_control(ui)  # a regex or choices the text must fit (demo.format_control); folded on a phone
-                # the sliders' ranges: the server's limit of new tokens, and what is worth sliding through
-                ui.max_new_tokens = _field(gr.Slider, "max_new_tokens", 1, limits.max_new_tokens, step=1)
-                ui.temperature = _field(gr.Slider, "temperature", 0, 2, step=0.05)
-                ui.top_k = _field(gr.Slider, "top_k", 0, 100, step=1)
-                ui.top_p = _field(gr.Slider, "top_p", 0.01, 1, step=0.01)
-                ui.settings_note = gr.Markdown(elem_id="settings-note")  # a typed value the slider clamped
-                ui.seed = _field(gr.Number, "seed", precision=0)
-                ui.window_mode = _field(gr.Radio, "window_mode")
-                ui.unk_policy = _field(gr.Radio, "unk_policy")
+                _sampling_layout(ui, limits)
+    _attention_layout(ui, registry)
+    ui.gen_ticket = gr.Textbox(visible="hidden", elem_id="gen-ticket")
+    ui.compare_ticket = gr.Textbox(visible="hidden", elem_id="compare-ticket")
+    ui.compare_btn = None
+    if handlers.comparison is not None:
+        _compare_layout(ui, handlers.comparison)
+    ui.form = [getattr(ui, name) for name in PAGE_FIELDS]
+    return ui
+
+
+def _run_layout(ui: SimpleNamespace, record) -> None:
+    """The prompt, Generate and Stop, the output, its stats and status."""
+    default_prompt = record.default_prompt if record is not None else FORM["prompt"]["default"]
+    ui.prompt = gr.Textbox(default_prompt, label=FORM["prompt"]["label"], lines=4, elem_id="prompt")
+    with gr.Row():
+        ui.generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn", min_width=100)
+        ui.stop_btn = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop-btn",
+                                elem_classes="stop-btn", min_width=100)  # fmt: skip
+    ui.output = gr.Textbox(  # a few lines until text comes, then it grows
+        label="Output",
+        lines=4,
+        max_lines=28,
+        interactive=False,
+        autoscroll=True,
+        elem_id="output",
+        buttons=["copy"],
+    )
+    ui.stats = gr.Markdown(elem_id="stats")
+    ui.status = gr.Markdown(elem_id="status")
+
+
+def _model_layout(ui: SimpleNamespace, registry: ModelRegistry, handlers: DemoHandlers, record, backend: str) -> None:
+    """The examples, the model and backend, a line about the model, and its training curve (`demo.curve`)."""
+    examples = example_prompts(record)  # the model's sample prompts; updated when another model is chosen
+    ui.examples = gr.Examples(examples or [[""]], inputs=[ui.prompt], label="Examples", elem_id="examples").dataset
+    ui.examples.visible = bool(examples)
+    with gr.Row():
+        ui.model = gr.Dropdown(
+            [(n if n in registry.available else f"{n} (not available)", n) for n in registry.names],
+            value=handlers.default_model,
+            label="Model",
+            elem_id="model",
+        )
+        ui.backend = gr.Dropdown(
+            [(label, key) for key, label in BACKENDS.items()], value=backend, label="Backend", elem_id="backend"
+        )
+    ui.model_info = gr.Markdown(elem_id="model-info")
+    with gr.Accordion("Training curve", open=True, elem_id="curve"):  # folded on a phone (ON_LOAD_JS)
+        ui.curve = gr.Plot(show_label=False, elem_id="curve-plot", visible=False)
+        ui.curve_note = gr.Markdown(elem_id="curve-note")
+
+
+def _sampling_layout(ui: SimpleNamespace, limits: Limits) -> None:
+    """The Format control and the sampling settings."""
+    format_control(ui)  # a regex or choices the text must fit (demo.format_control); folded on a phone
+    # the sliders' ranges: the server's limit of new tokens, and what is worth sliding through
+    ui.max_new_tokens = _field(gr.Slider, "max_new_tokens", 1, limits.max_new_tokens, step=1)
+    ui.temperature = _field(gr.Slider, "temperature", 0, 2, step=0.05)
+    ui.top_k = _field(gr.Slider, "top_k", 0, 100, step=1)
+    ui.top_p = _field(gr.Slider, "top_p", 0.01, 1, step=0.01)
+    ui.settings_note = gr.Markdown(elem_id="settings-note")  # a typed value the slider clamped
+    ui.seed = _field(gr.Number, "seed", precision=0)
+    ui.window_mode = _field(gr.Radio, "window_mode")
+    ui.unk_policy = _field(gr.Radio, "unk_policy")
+
+
+def _attention_layout(ui: SimpleNamespace, registry: ModelRegistry) -> None:
+    """The attention view: a layer selector, the heat maps, their caption."""
     with gr.Accordion("Attention: what each head looks at in the prompt", open=True):
         # Every layer any model has: a page whose session the server evicted (`launch_options`) falls back to these
         # choices, and its clicks must still pass Gradio's check; `ui_attention` narrows them to the model's.
@@ -235,13 +269,6 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
         )
         ui.caption = gr.Markdown(elem_id="attention-caption")
         ui.attention_state = gr.State(None, time_to_live=3600)  # (model, ids): see DemoHandlers.ui_attention
-    ui.gen_ticket = gr.Textbox(visible="hidden", elem_id="gen-ticket")
-    ui.compare_ticket = gr.Textbox(visible="hidden", elem_id="compare-ticket")
-    ui.compare_btn = None
-    if handlers.comparison is not None:
-        _compare_layout(ui, handlers.comparison)
-    ui.form = [getattr(ui, name) for name in PAGE_FIELDS]
-    return ui
 
 
 def _compare_layout(ui: SimpleNamespace, comparison: Comparison) -> None:
@@ -278,30 +305,15 @@ def _field(component, name: str, *args, **kwargs):
     return component(*args, value=field["default"], label=field["label"], elem_id=name.replace("_", "-"), **kwargs)
 
 
+PRIVATE = dict(api_visibility="private")  # the page's own events: not on the API page
+
+
 def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurrency: int) -> None:
     """The events: the page's runs (private) and the public /generate API, in one concurrency group.
 
     Progress is drawn only where it belongs (`show_progress_on`): Gradio puts an event's timer ("0.2s") into each
     of its outputs otherwise, even with `show_progress="hidden"` (it is then transparent, but part of the text)."""
     stream_group = dict(concurrency_limit=concurrency, concurrency_id="generation")
-    private = dict(api_visibility="private")
-    # A run starts in the browser (no server call): a new ticket, Stop enabled, and for Generate the attention
-    # view of the previous prompt cleared. Streams show no progress overlay: the status line and the live stats
-    # say a run is on, and drawing the overlay delays the first characters by ~150 ms on a busy 2-core machine.
-    cleared = [ui.output, ui.stats, ui.status, ui.heatmap, ui.caption]
-    gen_event = ui.generate_btn.click(
-        None, None, [ui.gen_ticket, ui.stop_btn, *cleared], js=START_GENERATE_JS, queue=False, **private
-    ).then(
-        handlers.ui_generate,
-        [ui.gen_ticket, *ui.form],
-        [ui.output, ui.stats, ui.status],
-        show_progress="hidden",
-        show_progress_on=ui.output,
-        **private,
-        **stream_group,
-    )
-    gen_event.then(handlers.ui_generate_ended, None, ui.stop_btn, queue=False, show_progress="hidden", **private)
-    gen_event.then(None, None, None, js=SCROLL_OUTPUT_JS, queue=False, **private)
     attention = dict(
         fn=handlers.ui_attention,
         outputs=[ui.heatmap, ui.attention_state, ui.layer, ui.caption],
@@ -309,10 +321,9 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
         concurrency_id="attention",
         show_progress="minimal",
         show_progress_on=ui.heatmap,
-        **private,
+        **PRIVATE,
     )
-    # also after Stop: the view is of the prompt
-    gen_event.then(inputs=[ui.prompt, ui.model, ui.unk_policy, ui.layer, ui.status], **attention)
+    _wire_generate(ui, handlers, stream_group, attention)
     ui.layer.input(  # queued with the attention view: it runs the model on the decode loop's thread
         handlers.ui_layer,
         [ui.attention_state, ui.layer],
@@ -321,40 +332,63 @@ def _wire(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers, concurre
         concurrency_id="attention",
         show_progress="minimal",
         show_progress_on=ui.heatmap,
-        **private,
+        **PRIVATE,
     )
     if ui.compare_btn is not None:
         _wire_compare(ui, handlers, stream_group, attention)
-    ui.stop_btn.click(handlers.ui_stop, [ui.gen_ticket, ui.compare_ticket], None, js=STOP_GENERATE_JS, queue=False,
-                      **private)  # fmt: skip
     for slider in (ui.max_new_tokens, ui.temperature, ui.top_k, ui.top_p):
         note = range_note_js(slider.label, slider.minimum, slider.maximum)
-        slider.input(None, slider, ui.settings_note, js=note, queue=False, trigger_mode="always_last", **private)
-    for trigger in (ui.model.change, ui.backend.change, demo.load):
-        trigger(
-            handlers.ui_model_info,
-            [ui.model, ui.backend],
-            ui.model_info,
-            queue=False,
-            show_progress="hidden",
-            show_progress_on=ui.model,
-            **private,
-        )
-    sliders = [getattr(ui, name) for name in SAMPLING_SLIDERS]
-    for trigger in (ui.model.change, demo.load):  # the sampling of the model chosen (its generation_config.json)
-        trigger(handlers.ui_model_sampling, [ui.model], sliders, queue=False, show_progress="hidden", **private)
-    ui.model.change(  # the examples (and an untouched default prompt) of the model chosen
-        handlers.ui_model_prompts, [ui.model, ui.prompt], [ui.examples, ui.prompt], queue=False,
-        show_progress="hidden", **private,
-    )  # fmt: skip
+        slider.input(None, slider, ui.settings_note, js=note, queue=False, trigger_mode="always_last", **PRIVATE)
+    _wire_model_choice(demo, ui, handlers)
     api = gr.api(handlers.api_generate(), api_name="generate", **stream_group)
     describe_parameters(demo.fns[api["id"]])
+
+
+def _wire_generate(ui: SimpleNamespace, handlers: DemoHandlers, stream_group: dict, attention: dict) -> None:
+    """Generate and its Stop. A run starts in the browser (no server call): a new ticket, Stop enabled, and the
+    attention view of the previous prompt cleared. Streams show no progress overlay: the status line and the live
+    stats say a run is on, and drawing the overlay delays the first characters by ~150 ms on a busy 2-core
+    machine."""
+    cleared = [ui.output, ui.stats, ui.status, ui.heatmap, ui.caption]
+    gen_event = ui.generate_btn.click(
+        None, None, [ui.gen_ticket, ui.stop_btn, *cleared], js=START_GENERATE_JS, queue=False, **PRIVATE
+    ).then(
+        handlers.ui_generate,
+        [ui.gen_ticket, *ui.form],
+        [ui.output, ui.stats, ui.status],
+        show_progress="hidden",
+        show_progress_on=ui.output,
+        **PRIVATE,
+        **stream_group,
+    )
+    gen_event.then(handlers.ui_generate_ended, None, ui.stop_btn, queue=False, show_progress="hidden", **PRIVATE)
+    gen_event.then(None, None, None, js=SCROLL_OUTPUT_JS, queue=False, **PRIVATE)
+    # also after Stop: the view is of the prompt
+    gen_event.then(inputs=[ui.prompt, ui.model, ui.unk_policy, ui.layer, ui.status], **attention)
+    ui.stop_btn.click(handlers.ui_stop, [ui.gen_ticket, ui.compare_ticket], None, js=STOP_GENERATE_JS, queue=False,
+                      **PRIVATE)  # fmt: skip
+
+
+def _wire_model_choice(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandlers) -> None:
+    """What follows the model chosen (and the page's opening): its line, its sampling defaults, its examples, its
+    training curve."""
+    quiet = dict(queue=False, show_progress="hidden", **PRIVATE)
+    for trigger in (ui.model.change, ui.backend.change, demo.load):
+        trigger(handlers.ui_model_info, [ui.model, ui.backend], ui.model_info, show_progress_on=ui.model, **quiet)
+    sliders = [getattr(ui, name) for name in SAMPLING_SLIDERS]
+    curve = functools.partial(curve_update, handlers.registry)
+    for trigger in (ui.model.change, demo.load):
+        # the sampling of the model chosen (its generation_config.json), and its training curve
+        trigger(handlers.ui_model_sampling, [ui.model], sliders, **quiet)
+        trigger(curve, [ui.model], [ui.curve, ui.curve_note], show_progress_on=ui.curve_note, **quiet)
+    # the examples (and an untouched default prompt) of the model chosen
+    ui.model.change(handlers.ui_model_prompts, [ui.model, ui.prompt], [ui.examples, ui.prompt], **quiet)
 
 
 def _wire_compare(ui: SimpleNamespace, handlers: DemoHandlers, stream_group: dict, attention: dict) -> None:
     """The comparison's events (when the page has one): its run, its Stop, the attention view after it. It
     clears the attention view (drawn again when it ends), not Generate's output."""
-    private = dict(api_visibility="private")
+    private = PRIVATE
     compare_event = ui.compare_btn.click(
         None, None, [ui.compare_ticket, ui.compare_stop_btn, ui.heatmap, ui.caption], js=START_COMPARE_JS,
         queue=False, **private,
@@ -385,57 +419,3 @@ def _most_layers(registry: ModelRegistry) -> int:
         except (ValueError, TypeError, KeyError):  # a broken config: its own view says so
             pass
     return max(counts, default=1)
-
-
-def _explain_bad_inputs(demo: gr.Blocks) -> None:
-    """Gradio answers `{"error": null}` when an event's inputs fail its own checks (too few values) or its
-    components' preprocessing (a string where a Dataset wants an index): this demo's answers say what was wrong."""
-    demo.validate_inputs = _validate_inputs
-    preprocess = demo.preprocess_data
-
-    async def preprocess_data(block_fn, inputs, state, explicit_call: bool = False):
-        try:
-            return await preprocess(block_fn, inputs, state, explicit_call)
-        except gr.Error:
-            raise
-        except Exception as e:
-            what = f"{type(e).__name__}: {str(e)[:200]}"
-            raise gr.Error(
-                f"{block_fn.api_name or block_fn.name}: an input value was not understood ({what})"
-            ) from None
-
-    demo.preprocess_data = preprocess_data
-
-
-OBJECT_INPUTS = ("structured_outputs",)  # /generate's inputs that take a JSON object (named by `describe_parameters`)
-
-
-def _validate_inputs(block_fn, inputs: list) -> None:
-    """Replaces Gradio's check of an event's input values (its ValueError reaches a client as `{"error": null}`, and
-    it lets extra values through unread): too few or too many values, or a list or dict (a file-shaped value, say)
-    where an input takes text or a number (all but /generate's `OBJECT_INPUTS`), get a `gr.Error` that names the
-    event and what it takes."""
-    names = [getattr(block, "label", None) or type(block).__name__ for block in block_fn.inputs]
-    event = block_fn.api_name or block_fn.name
-    if len(inputs) != len(block_fn.inputs):
-        raise gr.Error(
-            f"{event} takes {len(block_fn.inputs)} values ({', '.join(map(str, names))}), got {len(inputs)}",
-            print_exception=False,
-        )
-    for block, name, value in zip(block_fn.inputs, names, inputs):
-        # a State's value is the server's own; an object input's value is checked by the request specification
-        if not block.stateful and name not in OBJECT_INPUTS and isinstance(value, (dict, list)):
-            raise gr.Error(
-                f"{event}: {name} takes text or a number, got a {type(value).__name__} (files are not accepted)",
-                print_exception=False,
-            )
-
-
-def describe_parameters(block_fn) -> None:
-    """Puts each parameter's line of the function's `Args:` docstring into the API page's schema (Gradio reads it
-    only for MCP tools), and names each input after its parameter instead of "1st", "2nd"..."""
-    _, descriptions, _ = gr.utils.get_function_description(block_fn.fn)
-    for component, name in zip(block_fn.inputs, descriptions, strict=True):
-        text = descriptions[name]
-        component._api_info = {**component._api_info, "description": text, "additional_description": text}
-        component.label = name

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from gpt_serve.cli.flags import (
     add_generation_config_argument,
@@ -48,11 +49,11 @@ from gpt_serve.cli.server_flags import (
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.fields import DEFAULT_BACKEND, MAX_NEW_TOKENS
 from gpt_serve.generation.scheduler import DEFAULT_MAX_BATCH
-from gpt_serve.models import MODELS_DIR
+from gpt_serve.models import MODELS_DIR, is_model_folder
 
 # The demo's largest request by default: a slider a visitor can set to the token (1 to 2,000 over a few hundred
 # pixels; the specification's 100,000 made one pixel about 170 tokens), and no visitor's run holds a row for minutes.
-# `--max-new-tokens-limit` raises it, up to the specification's MAX_NEW_TOKENS.
+# `--max-tokens-limit` raises it, up to the specification's MAX_NEW_TOKENS.
 MAX_NEW_TOKENS_LIMIT = 2_000
 # Where the demo listens unless --host/--port say: what Gradio reads when `launch()` is given neither (Hugging Face
 # Spaces set them), else this machine only
@@ -74,7 +75,18 @@ def bind_address(host: str | None, port: int | None) -> tuple[str, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m demo", description="Launch the gpt-serve web demo (Gradio).")
+    # MODEL ..., --model (the model selected when the page opens), --served-model-name, --model-dir, --models-root
     add_model_arguments(p, none_named="none: the shipped models, the ladder's stages listed when missing")
+    _add_address_arguments(p)
+    _add_engine_arguments(p)
+    _add_page_arguments(p)
+    add_api_arguments(p)  # the mounted OpenAI-compatible API: the same access flags as `gpt-serve serve`
+    add_limit_arguments(p)  # and the same bounds, for every request the demo's server takes
+    add_sharing_arguments(p)  # and the same sharing of the engine
+    return p
+
+
+def _add_address_arguments(p) -> None:
     p.add_argument(
         "--host",
         default=None,
@@ -85,11 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--port", type=tcp_port, default=None, help=f"TCP port (default: ${PORT_ENV} if set, else {DEFAULT_PORT})"
     )
     p.add_argument("--share", action="store_true", help="also open a public *.gradio.live link (needs internet)")
-    p.add_argument(
-        "--model",
-        default=None,
-        help="model selected when the page opens (default: the first MODEL, else shakespeare, else the first found)",
-    )
+
+
+def _add_engine_arguments(p) -> None:
+    """How the models run: the same flags as `gpt-serve serve` for the same knobs (their older spellings kept)."""
     p.add_argument(
         "--backend",
         choices=list(BACKENDS),
@@ -103,21 +114,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="threads per forward pass, PyTorch and ONNX Runtime (default 1: suits many users at once)",
     )
     p.add_argument(
-        "--concurrency",
         "--max-num-seqs",
+        "--concurrency",
         dest="concurrency",
+        metavar="N",
         type=positive_int,
         default=DEFAULT_MAX_BATCH,
-        help=f"generations running at once, batched per model and backend (default {DEFAULT_MAX_BATCH})",
+        help=f"generations running at once, batched per model and backend (--concurrency: the older spelling; "
+        f"default {DEFAULT_MAX_BATCH})",
     )
     add_generation_config_argument(p)
     p.add_argument(
+        "--max-tokens-limit",
         "--max-new-tokens-limit",
+        dest="max_tokens_limit",
+        metavar="N",
         type=max_tokens_limit,
         default=MAX_NEW_TOKENS_LIMIT,
         help=f"the largest max_new_tokens a request may ask for, on the page (its slider's top) and through /v1 "
-        f"(default {MAX_NEW_TOKENS_LIMIT}, at most {MAX_NEW_TOKENS})",
+        f"(--max-new-tokens-limit: the older spelling; default {MAX_NEW_TOKENS_LIMIT}, at most {MAX_NEW_TOKENS})",
     )
+    p.add_argument("--no-preload", action="store_true", help="load models on first use instead of at startup")
+
+
+def _add_page_arguments(p) -> None:
     p.add_argument(
         "--stream-interval",
         type=non_negative_float,
@@ -136,7 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also serve /generate as an MCP tool at /gradio_api/mcp/ (needs pip install 'gpt-serve[mcp]')",
     )
-    p.add_argument("--no-preload", action="store_true", help="load models on first use instead of at startup")
     p.add_argument(
         "--web-dir",
         default=None,
@@ -147,25 +166,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-level",
         default=None,
+        type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="the libraries' log level (default WARNING; INFO with --verbose)",
+        help="the libraries' log level (default WARNING; INFO with --verbose; any case, as `gpt-serve serve` takes it)",
     )
     p.add_argument(
         "--verbose", action="store_true", help="INFO logs (every HTTP request Gradio makes) and progress bars"
     )
     add_progress_argument(p, help="show progress bars (transformers' weight-loading bar)")
-    add_api_arguments(p)  # the mounted OpenAI-compatible API: the same access flags as `gpt-serve serve`
-    add_limit_arguments(p)  # and the same bounds, for every request the demo's server takes
-    add_sharing_arguments(p)  # and the same sharing of the engine
-    return p
 
 
 def demo_registry(args):
     """The demo's models: those named (`ModelRegistry.serving`, as `gpt-serve serve` takes them), else those under
-    --models-root (default: the shipped models), with the ladder's stages listed when missing."""
+    --models-root (default: the shipped models), with the ladder's stages listed when missing; a `--model` folder
+    that is not one of them is served beside them."""
     from gpt_serve.serving.registry import ModelRegistry
 
-    named, served = models_named(args), served_model_names(args)
+    named, served = models_named(args) if _positional_models(args) else [], served_model_names(args)
     limits = dict(
         threads=args.threads,
         max_batch=args.concurrency,
@@ -175,7 +192,23 @@ def demo_registry(args):
     if named or served is not None:
         return ModelRegistry.serving(named, served, args.models_root, **limits)
     root = args.models_root if args.models_root is not None else MODELS_DIR
-    return ModelRegistry.discover((), root, **limits)
+    extra = [args.model_flag] if args.model_flag is not None and is_model_folder(args.model_flag) else []
+    return ModelRegistry.discover(extra, root, **limits)
+
+
+def _positional_models(args) -> bool:
+    """Whether MODELs (or `--model-dir`s) were named: else the demo serves the models it finds, `--model` choosing
+    the one the page opens with."""
+    return bool([*getattr(args, "models", ()), *args.model_dir])
+
+
+def default_model_name(args, registry) -> str | None:
+    """The model the page opens with: the first MODEL (`--model` when given), else `--model` among the models
+    found (a folder: by its name), else the registry's default."""
+    flag = args.model_flag
+    if flag is None or _positional_models(args) or served_model_names(args) is not None:
+        return None  # `ModelRegistry.serving` made the first named the default
+    return Path(flag).name if flag not in registry.names and is_model_folder(flag) else flag
 
 
 def seconds_since_process_start() -> float | None:
@@ -249,17 +282,64 @@ def mount_at_start(
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.mcp and importlib.util.find_spec("mcp") is None:
-        print("demo: error: --mcp needs Gradio's MCP support: pip install 'gpt-serve[mcp]'", file=sys.stderr)
-        return 2
     try:  # before anything loads
-        access, limits = {**api_options(args), "caps": request_caps(args)}, server_limits(args)
-        args.host, args.port = bind_address(args.host, args.port)
-        hint = f'is another demo running? pass --port N (make demo DEMO_ARGS="--port {args.port + 1}")'
-        check_port_free(args.host, args.port, hint)
+        access, limits = _check_flags(args)
     except (OSError, ValueError) as e:
         print(f"demo: error: {e}", file=sys.stderr)
         return 2
+    _setup(args)
+    from .app import build_demo, launch_options
+    from .generation import Limits
+
+    try:
+        registry = demo_registry(args)
+        default_model = registry.default_model(default_model_name(args, registry))
+    except ValueError as e:
+        print(f"demo: error: {e}", file=sys.stderr)
+        return 2
+    missing = [n for n in registry.names if n not in registry.available]
+    print(f"demo: models {registry.available or 'none'} (listed but missing: {missing or 'none'})")
+    if not args.no_preload:
+        try:
+            print(f"demo: {preload(registry, default_model, args.backend)}")
+        except (ValueError, OSError) as e:  # a bad model folder (ModelUnavailable is a ValueError): serve nothing
+            print(f"demo: error: cannot load {default_model}/{args.backend}: {e}", file=sys.stderr)
+            registry.close()
+            return 2
+    demo = build_demo(
+        registry,
+        default_model=default_model,
+        default_backend=args.backend,
+        limits=Limits(max_new_tokens=args.max_tokens_limit),
+        stream_interval=args.stream_interval,
+        max_updates_per_second=args.max_updates_per_second or None,
+        concurrency=args.concurrency,
+    )
+    options = launch_options(limits, access["api_key"], access["metrics_need_key"], access["allow_origins"])
+    mounted = mount_at_start(
+        options, registry, default_model, args.backend, args.max_tokens_limit, args.web_dir, **access
+    )
+    if not _launch(demo, args, options, limits):
+        return 2
+    _announce(demo, args, mounted)
+    _serve_until_stopped(demo, registry, mounted["drain"], limits)
+    return 0
+
+
+def _check_flags(args) -> tuple[dict, object]:
+    """The API's access options and the server's limits from the flags, and the address checked free; a
+    ValueError or OSError names the flag, before anything loads."""
+    if args.mcp and importlib.util.find_spec("mcp") is None:
+        raise ValueError("--mcp needs Gradio's MCP support: pip install 'gpt-serve[mcp]'")
+    access, limits = {**api_options(args), "caps": request_caps(args)}, server_limits(args)
+    args.host, args.port = bind_address(args.host, args.port)
+    hint = f'is another demo running? pass --port N (make demo DEMO_ARGS="--port {args.port + 1}")'
+    check_port_free(args.host, args.port, hint)
+    return access, limits
+
+
+def _setup(args) -> None:
+    """Logging, progress bars, no analytics, torch's threads."""
     quiet_model_loading(args.verbose or args.progress)
     level = args.log_level or ("INFO" if args.verbose else "WARNING")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -273,39 +353,10 @@ def main(argv: list[str] | None = None) -> int:
             "demo: torch is not installed: only the ONNX Runtime backends work, without the attention view",
             file=sys.stderr,
         )
-    from .app import build_demo, launch_options
-    from .generation import Limits
 
-    try:
-        registry = demo_registry(args)
-        default_model = registry.default_model(args.model)
-    except ValueError as e:
-        print(f"demo: error: {e}", file=sys.stderr)
-        return 2
-    print(
-        f"demo: models {registry.available or 'none'} (listed but missing: "
-        f"{[n for n in registry.names if n not in registry.available] or 'none'})"
-    )
-    if not args.no_preload:
-        try:
-            print(f"demo: {preload(registry, default_model, args.backend)}")
-        except (ValueError, OSError) as e:  # a bad model folder (ModelUnavailable is a ValueError): serve nothing
-            print(f"demo: error: cannot load {default_model}/{args.backend}: {e}", file=sys.stderr)
-            registry.close()
-            return 2
-    demo = build_demo(
-        registry,
-        default_model=default_model,
-        default_backend=args.backend,
-        limits=Limits(max_new_tokens=args.max_new_tokens_limit),
-        stream_interval=args.stream_interval,
-        max_updates_per_second=args.max_updates_per_second or None,
-        concurrency=args.concurrency,
-    )
-    options = launch_options(limits, access["api_key"], access["metrics_need_key"], access["allow_origins"])
-    mounted = mount_at_start(
-        options, registry, default_model, args.backend, args.max_new_tokens_limit, args.web_dir, **access
-    )
+
+def _launch(demo, args, options: dict, limits) -> bool:
+    """Starts the server (not blocking); False, with a message, when it cannot listen."""
     try:
         demo.launch(
             server_name=args.host,
@@ -320,15 +371,20 @@ def main(argv: list[str] | None = None) -> int:
         )
     except OSError as e:
         print(f"demo: error: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
-        return 2
+        return False
     from gpt_serve.serving.limits import close_slow_headers
 
     close_slow_headers(demo.server, limits.header_timeout)
+    return True
+
+
+def _announce(demo, args, mounted: dict) -> None:
+    """Where the page, the API and the in-browser page are, and how long the start took."""
     if not args.share:
         print(f"demo: the page at {demo.local_url} (--share also opens a public *.gradio.live link)")
-    drain, missing = mounted["drain"], mounted["missing"]
-    if drain is not None:
+    if mounted["drain"] is not None:
         print(f"demo: OpenAI-compatible API at http://{args.host}:{args.port}/v1 (completions, chat, models)")
+    missing = mounted["missing"]
     print(
         f"demo: in-browser page (onnxruntime-web) at http://{args.host}:{args.port}/browser/"
         + (f" (not available: {missing})" if missing else "")
@@ -339,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         if age is not None
         else "demo: ready (Ctrl+C stops it)"
     )
+
+
+def _serve_until_stopped(demo, registry, drain, limits) -> None:
+    """Serves until Ctrl-C or SIGTERM, then lets the API's open requests end and closes everything."""
     signal.signal(signal.SIGTERM, interrupt)  # a service manager's stop: the same clean exit as Ctrl-C
     try:
         while demo.is_running:  # not `demo.block_thread()`: on Ctrl-C it closes the server before the API drains
@@ -354,4 +414,3 @@ def main(argv: list[str] | None = None) -> int:
         demo.close()
         demo.handlers.close()  # the comparison's own decode loops (a model's earlier checkpoints)
         registry.close()
-    return 0

@@ -6,6 +6,8 @@ earlier checkpoints.
   each column labelled with its step and validation loss. A snapshot that cannot run (its step record unreadable, no
   model in it, another vocabulary) keeps its column, which says why; one whose weights fail to load says so when the
   comparison runs.
+- A fine-tuned default model (its card names a `base_model`) whose base is one of the served models: the base beside
+  it (before its snapshots, when it has any), labelled with its validation loss on the new text before fine-tuning.
 - Otherwise, the ladder: the default model and the ladder's stages A-E that share its vocabulary.
 - Neither (a model trained on another text, without snapshots): no comparison on the page.
 
@@ -24,6 +26,7 @@ from gpt_serve.models import is_model_folder
 from gpt_serve.serving.registry import LADDER_MODELS, ModelRegistry, RequestError
 
 from .captions import ladder_label, ladder_legend
+from .curve import card_base_model, training_curve
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ class Column:
 
 @dataclass(frozen=True)
 class Comparison:
-    """The comparison's columns and words: `kind` 'ladder' or 'checkpoints'; `title` (the accordion's), `intro`
+    """The comparison's columns and words: `kind` 'ladder', 'base' or 'checkpoints'; `title` (the accordion's), `intro`
     (Markdown above the button), `button`; `own`: the registry serving the snapshots (closed by `close`)."""
 
     kind: str
@@ -86,8 +89,11 @@ def comparison_for(registry: ModelRegistry, default_model: str) -> Comparison | 
         folders = snapshot_folders(registry.folder(default_model))
     except RequestError:  # a missing default model: the page says so; nothing of its own to compare
         folders = []
+    base = served_base(registry, default_model)
     if folders:
-        return checkpoint_comparison(registry, default_model, folders)
+        return checkpoint_comparison(registry, default_model, folders, base)
+    if base is not None:
+        return base_comparison(registry, default_model, base)
     names = compared_models(registry, default_model)
     if len(names) < 2:
         return None
@@ -104,6 +110,43 @@ def comparison_for(registry: ModelRegistry, default_model: str) -> Comparison | 
     )
 
 
+def served_base(registry: ModelRegistry, model: str) -> str | None:
+    """The base `model` was fine-tuned from (its card's `base_model`) when the registry serves it, else None."""
+    try:
+        base = card_base_model(Path(registry.folder(model)))
+    except RequestError:
+        return None
+    return base if base is not None and base != model and base in registry.available else None
+
+
+def base_column(registry: ModelRegistry, model: str, base: str) -> Column:
+    """The base's column: 'shakespeare · base · val loss 2.95', its loss on `model`'s text before fine-tuning."""
+    start = training_curve(registry, model).base_start
+    label = f"{base} · base" + (f" · val loss {start:.2f}" if start is not None else "")
+    return Column(base, registry, label, f"compare-{base}")
+
+
+def base_comparison(registry: ModelRegistry, model: str, base: str) -> Comparison:
+    """A fine-tuned model beside the model it started from."""
+    intro = (
+        f"Runs the prompt, seed and sampling settings above through `{base}`, the model `{model}` was fine-tuned "
+        f"from, and through `{model}` itself, side by side: what fine-tuning bought. The base's column gives its "
+        "validation loss on the new text before fine-tuning (step 0); a character the base does not know is "
+        "handled by the setting for unknown characters. Set a seed to make it repeatable."
+    )
+    columns = (
+        base_column(registry, model, base),
+        Column(model, registry, ladder_label(model, registry), f"compare-{model}"),
+    )
+    return Comparison(
+        kind="base",
+        title="Compare with the base model: what fine-tuning bought",
+        intro=intro,
+        button="Compare with the base model",
+        columns=columns,
+    )
+
+
 def spread(items: list, most: int) -> list:
     """At most `most` of `items`, evenly spread from the first to the last."""
     if len(items) <= most:
@@ -113,8 +156,11 @@ def spread(items: list, most: int) -> list:
     return [items[(2 * i * (len(items) - 1) + most - 1) // (2 * (most - 1))] for i in range(most)]
 
 
-def checkpoint_comparison(registry: ModelRegistry, default_model: str, folders: list[Path]) -> Comparison:
-    """The default model's earlier checkpoints (`folders`, by step), then the model itself."""
+def checkpoint_comparison(
+    registry: ModelRegistry, default_model: str, folders: list[Path], base: str | None = None
+) -> Comparison:
+    """The default model's earlier checkpoints (`folders`, by step), then the model itself; first the model it was
+    fine-tuned from, when `base` names a served one."""
     shown = spread(folders, MAX_SNAPSHOT_COLUMNS)
     own = ModelRegistry(
         {f"{default_model}@{f.name}": f for f in shown},
@@ -132,6 +178,8 @@ def checkpoint_comparison(registry: ModelRegistry, default_model: str, folders: 
     else:  # a folder without a step record (trained elsewhere): what its metrics say
         label = ladder_label(default_model, registry)
     columns.append(Column(default_model, registry, label, f"compare-{default_model}"))
+    if base is not None:
+        columns.insert(0, base_column(registry, default_model, base))
     more = f" ({len(shown)} of the {len(folders)} it holds)" if len(shown) < len(folders) else ""
     intro = (
         f"Runs the prompt, seed and sampling settings above through the earlier checkpoints of `{default_model}` that "
@@ -139,6 +187,11 @@ def checkpoint_comparison(registry: ModelRegistry, default_model: str, folders: 
         "itself, side by side: what more training bought. Each column says its training step and the validation "
         "loss the training measured there. Set a seed to make it repeatable."
     )
+    if base is not None:
+        intro += (
+            f" The first column is `{base}`, the model it was fine-tuned from, with its validation loss on the new "
+            "text before fine-tuning (step 0)."
+        )
     return Comparison(
         kind="checkpoints",
         title="Compare with earlier checkpoints: what more training bought",

@@ -26,6 +26,7 @@ from gpt_serve.files import folder_to_write, refuse_link
 from gpt_serve.folders.corpus import train_val_split
 from gpt_serve.generation import load_backend
 from gpt_serve.generation.backends.onnx_session import load_session, weights_sha256
+from gpt_serve.generation.folder_defaults import read_generation_defaults
 from gpt_serve.models import ONNX_FILE_NAMES
 from gpt_serve.onnx_contract import (
     FP32_FILE_NAME,
@@ -161,6 +162,7 @@ def export_model(
     loaded = load_backend(model_dir, "torch")  # the library's checks of the folder, weights and vocabulary
     folder, vocab, model = loaded.folder, loaded.vocab, loaded.backend.pretrained.float()
     check_no_links(folder)
+    defaults = read_generation_defaults(folder)  # genai samples as the servers do by default (a bad file: named)
     if quantize:
         check_text_fits(text, text_source, vocab)
     block_size = model.config.block_size
@@ -175,7 +177,7 @@ def export_model(
     try:
         graphs = _write_graphs(model, vocab, weights_sha256(folder), work, quantize, opset, report)
         graph_file = graphs["int8" if quantize else "fp32"].name
-        extras = write_genai_files(work, model.config, vocab, graph_file, text)
+        extras = write_genai_files(work, model.config, vocab, graph_file, text, defaults)
         start = time.perf_counter()
         sessions = _check_graphs(model, graphs, decode_steps, atol, threads, report)
         if quantize and report.passed:

@@ -66,8 +66,23 @@ def rarest_id(vocab: CharVocab, text: str | None) -> int:
     return min(reversed(range(len(vocab))), key=lambda i: counts[vocab.chars[i]])
 
 
-def genai_config(config, graph_file: str, eos_token_id: int) -> dict:
-    """onnxruntime-genai's description of the exported decoder (`config`: the model's `CharGPTConfig`)."""
+def genai_search(config, defaults: dict) -> dict:
+    """genai's sampling: the folder's defaults (`read_generation_defaults` of its generation_config.json, as the
+    servers read them), else the lesson's (temperature 1, no top-k/top-p cut). Temperature 0 is genai's greedy
+    search; top_k 0 (no cut) is the whole vocabulary."""
+    temperature = float(defaults.get("temperature", 1.0))
+    top_k = int(defaults.get("top_k") or 0)
+    return {
+        "do_sample": temperature > 0,
+        "temperature": temperature if temperature > 0 else 1.0,  # genai's greedy ignores it; 0 is not a valid value
+        "top_k": top_k if 0 < top_k < config.vocab_size else config.vocab_size,
+        "top_p": float(defaults.get("top_p", 1.0)),
+    }
+
+
+def genai_config(config, graph_file: str, eos_token_id: int, defaults: dict | None = None) -> dict:
+    """onnxruntime-genai's description of the exported decoder (`config`: the model's `CharGPTConfig`; `defaults`:
+    the folder's sampling defaults, `genai_search`)."""
     return {
         "model": {
             "type": "decoder",
@@ -96,10 +111,7 @@ def genai_config(config, graph_file: str, eos_token_id: int) -> dict:
             },
         },
         "search": {
-            "do_sample": True,  # the lesson's sampling: temperature 1, no top-k/top-p cut
-            "temperature": 1.0,
-            "top_k": config.vocab_size,
-            "top_p": 1.0,
+            **genai_search(config, defaults or {}),
             "max_length": config.block_size,
             "min_length": 0,
             "num_beams": 1,
@@ -165,10 +177,13 @@ def genai_tokenizer(vocab: CharVocab) -> dict:
     }
 
 
-def write_genai_files(folder: Path, config, vocab: CharVocab, graph_file: str, text: str | None) -> list[Path]:
-    """Writes `genai_config.json` and the tokenizer files (`write_genai_tokenizer`) into `folder`."""
+def write_genai_files(
+    folder: Path, config, vocab: CharVocab, graph_file: str, text: str | None, defaults: dict | None = None
+) -> list[Path]:
+    """Writes `genai_config.json` (its search from `defaults`, the model folder's: `genai_search`) and the tokenizer
+    files (`write_genai_tokenizer`) into `folder`."""
     path = folder / GENAI_CONFIG_FILE_NAME
-    settings = genai_config(config, graph_file, rarest_id(vocab, text))
+    settings = genai_config(config, graph_file, rarest_id(vocab, text), defaults)
     path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     return [path, *write_genai_tokenizer(folder, vocab)]
 

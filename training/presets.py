@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpt_serve.models import LADDER
+from gpt_serve.models import LADDER, LESSON_VAL_LOSS
 
 # Stages A-E of the lesson: batch 32, block 8, n_embd 32, lr 1e-3, 5000 iterations, no dropout, and PyTorch's
 # default init (the lesson's normal(0, 0.02) init came later; with it stage D stalls near 2.25).
@@ -78,7 +78,7 @@ PRESETS: dict[str, Preset] = {
             LADDER["ladder-a"],
             dict(_LADDER_MODEL, n_head=1, n_layer=1, attn_proj=False, ffwd_mult=0, residual=False, layer_norm=False),
             dict(_LADDER_TRAIN),
-            2.4,
+            LESSON_VAL_LOSS["ladder-a"],
         ),
         Preset(
             "ladder-b",
@@ -86,7 +86,7 @@ PRESETS: dict[str, Preset] = {
             LADDER["ladder-b"],
             dict(_LADDER_MODEL, n_head=4, n_layer=1, attn_proj=True, ffwd_mult=0, residual=False, layer_norm=False),
             dict(_LADDER_TRAIN),
-            2.28,
+            LESSON_VAL_LOSS["ladder-b"],
         ),
         Preset(
             "ladder-c",
@@ -103,7 +103,7 @@ PRESETS: dict[str, Preset] = {
                 layer_norm=False,
             ),
             dict(_LADDER_TRAIN),
-            2.24,
+            LESSON_VAL_LOSS["ladder-c"],
         ),
         Preset(
             "ladder-d",
@@ -112,7 +112,7 @@ PRESETS: dict[str, Preset] = {
             LADDER["ladder-d"],
             dict(_LADDER_MODEL, n_head=4, n_layer=3, attn_proj=True, ffwd_mult=4, residual=True, layer_norm=False),
             dict(_LADDER_TRAIN),
-            2.08,
+            LESSON_VAL_LOSS["ladder-d"],
         ),
         Preset(
             "ladder-e",
@@ -120,7 +120,7 @@ PRESETS: dict[str, Preset] = {
             LADDER["ladder-e"],
             dict(_LADDER_MODEL, n_head=4, n_layer=3, attn_proj=True, ffwd_mult=4, residual=True, layer_norm=True),
             dict(_LADDER_TRAIN),
-            2.06,
+            LESSON_VAL_LOSS["ladder-e"],
         ),
         Preset(
             "ladder-f",
@@ -128,7 +128,7 @@ PRESETS: dict[str, Preset] = {
             "batch 64, block 256, n_embd 384, 6 heads, 6 layers, dropout 0.2, lr 3e-4",
             dict(block_size=256, n_embd=384, n_head=6, n_layer=6, dropout=0.2, init="normal"),
             dict(batch_size=64, learning_rate=3e-4, max_iters=5000, eval_interval=500, eval_iters=200),
-            1.48,
+            LESSON_VAL_LOSS["ladder-f"],
         ),
         Preset(
             "small-cpu",

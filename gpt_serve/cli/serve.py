@@ -152,8 +152,9 @@ def _add_logging_arguments(s) -> None:
     s.add_argument(
         "--log-level",
         default="info",
+        type=str.lower,
         choices=["debug", "info", "warning", "error"],
-        help="the server's (with --ray: the replicas')",
+        help="the server's (with --ray: the replicas'; any case, as the demo takes it)",
     )
     s.add_argument(
         "--access-log",

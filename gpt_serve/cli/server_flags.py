@@ -67,14 +67,22 @@ _ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/\s?#]+$")
 
 def add_model_arguments(parser, none_named: str) -> None:
     """What a server serves, the same for `gpt-serve serve` and the demo: MODEL ... (positional, the first the
-    default), `--served-model-name`, `--model-dir` (the older spelling of a MODEL) and `--models-root`;
-    `none_named` says what is served when no model is named. `models_named` reads them."""
+    default), `--model` (the default model, as `gpt-serve generate` and vLLM take it), `--served-model-name`,
+    `--model-dir` (the older spelling of a MODEL) and `--models-root`; `none_named` says what is served when no
+    model is named. `models_named` reads them."""
     parser.add_argument(
         "models",
         nargs="*",
         default=argparse.SUPPRESS,  # left out: no attribute (`models_named`), and no "(default: ...)" in the help
         metavar="MODEL",
         help=f"a shipped model's name or a model folder, the first the default ({none_named})",
+    )
+    parser.add_argument(
+        "--model",
+        dest="model_flag",
+        default=None,
+        metavar="MODEL",
+        help="the default model (vLLM's spelling): one of the MODELs, or one more, served first",
     )
     parser.add_argument(
         "--served-model-name",
@@ -96,13 +104,26 @@ def add_model_arguments(parser, none_named: str) -> None:
 
 
 def models_named(args) -> list[str]:
-    """The models of `add_model_arguments`' flags, in order: MODEL ..., then each `--model-dir`."""
-    return [*getattr(args, "models", ()), *args.model_dir]
+    """The models of `add_model_arguments`' flags, in order: MODEL ..., then each `--model-dir`; `--model` first
+    (moved there when it is one of them, added there when not)."""
+    named = [*getattr(args, "models", ()), *args.model_dir]
+    flag = getattr(args, "model_flag", None)
+    return named if flag is None else [flag, *(m for m in named if m != flag)]
 
 
 def served_model_names(args) -> list[str] | None:
-    """`--served-model-name`'s names, or None when it is not given."""
-    return getattr(args, "served_model_name", None)
+    """`--served-model-name`'s names (in the order of `models_named`), or None when it is not given."""
+    names = getattr(args, "served_model_name", None)
+    flag = getattr(args, "model_flag", None)
+    named = [*getattr(args, "models", ()), *args.model_dir]
+    if names is None or flag is None or len(names) != len(named):  # a count that differs: `model_folders` says so
+        return names
+    if flag not in named:
+        raise ValueError(
+            f"--model {flag!r} is not one of the MODELs that --served-model-name names: give it as a MODEL too"
+        )
+    i = named.index(flag)
+    return [names[i], *names[:i], *names[i + 1 :]]
 
 
 def api_options(args) -> dict:

@@ -48,6 +48,16 @@ LADDER = {
     "ladder-d": "3 residual blocks, projections, 4x feed-forward",
     "ladder-e": "+ pre-norm LayerNorm (and one before lm_head)",
 }
+# The validation loss the lesson reports for each stage on Tiny Shakespeare (`ladder-f`: its scaled-up model, GPU
+# work, not shipped): the training presets' targets and the demo's reference lines (docs/ladder.md).
+LESSON_VAL_LOSS = {
+    "ladder-a": 2.40,
+    "ladder-b": 2.28,
+    "ladder-c": 2.24,
+    "ladder-d": 2.08,
+    "ladder-e": 2.06,
+    "ladder-f": 1.48,
+}
 
 
 def is_model_folder(path: str | os.PathLike) -> bool:

@@ -64,6 +64,34 @@ def test_vllm_spellings_are_aliases_of_ours():
     assert origins == ["https://a.example", "http://127.0.0.1:8080", "https://b.example"]
     args = parse(["serve", "ladder-a", "runs/x", "--served-model-name", "a", "x"])
     assert (args.models, args.served_model_name) == (["ladder-a", "runs/x"], ["a", "x"])
+    assert parse(["serve", "--log-level", "DEBUG"]).log_level == "debug"  # any case, as the demo takes it
+
+
+def test_model_names_the_default_model_as_generate_and_the_demo_take_it():
+    from gpt_serve.cli import build_parser
+    from gpt_serve.cli.server_flags import models_named, served_model_names
+
+    parse = build_parser().parse_args
+    assert models_named(parse(["serve", "--model", "ladder-a"])) == ["ladder-a"]
+    args = parse(["serve", "ladder-a", "ladder-b", "--model", "ladder-b", "--served-model-name", "a", "b"])
+    assert (models_named(args), served_model_names(args)) == (["ladder-b", "ladder-a"], ["b", "a"])  # moved first
+    args = parse(["serve", "ladder-a", "--model", "ladder-b"])
+    assert (models_named(args), served_model_names(args)) == (["ladder-b", "ladder-a"], None)  # added first
+    args = parse(["serve", "ladder-a", "--model", "ladder-b", "--served-model-name", "a"])
+    with pytest.raises(ValueError, match="--model 'ladder-b' is not one of the MODELs that --served-model-name"):
+        served_model_names(args)
+
+
+def test_serve_model_serves_that_model_as_the_default(tiny_model_dir, monkeypatch, capsys):
+    import gpt_serve.serving.limits
+    from tests.helpers import free_port
+
+    monkeypatch.setattr(gpt_serve.serving.limits, "run_server", lambda *args: None)
+    argv = ["serve", "--model", str(tiny_model_dir), "--port", str(free_port()), "--threads", "1"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"{tiny_model_dir.name}/torch loaded and warmed up" in err
+    assert f"models ['{tiny_model_dir.name}'] on http://127.0.0.1:" in err
 
 
 @pytest.mark.parametrize(

@@ -309,3 +309,24 @@ def test_the_format_control_choices_a_bad_regex_and_the_note_about_the_browser_p
     assert wait_until(lambda: status.inner_text() == "Done.", timeout=15), status.inner_text()
     assert output_length(page) == len("ROMEO:") + 30
     page.close()
+
+
+def test_the_training_curve_follows_the_model_chosen(chromium, server, tmp_path):
+    page = open_demo(chromium, server.url)
+    note = page.locator("#curve-note")
+    assert wait_until(lambda: "has no metrics.jsonl" in note.inner_text(), 10)  # tiny: an imported checkpoint
+    assert not page.locator("#curve-plot").is_visible()
+    page.locator("#model input").click()
+    page.get_by_role("option", name="ladder-a", exact=True).click()
+    plot = page.locator("#curve-plot img")
+    plot.wait_for(state="visible")
+    assert wait_until(lambda: note.inner_text().startswith("ladder-a: 2 evaluations"), 10)
+    assert "A (one head) to E" in note.inner_text()  # trained on Tiny Shakespeare: the ladder's lines
+    box = plot.bounding_box()
+    assert box["width"] > 300 and box["height"] > 200
+    page.screenshot(path=str(tmp_path / "curve.png"))
+    page.locator("#model input").click()
+    page.get_by_role("option", name="tiny", exact=True).click()
+    assert wait_until(lambda: "has no metrics.jsonl" in note.inner_text(), 10)
+    assert wait_until(lambda: not page.locator("#curve-plot").is_visible(), 5)
+    page.close()

@@ -9,7 +9,11 @@ from demo.cli import build_parser
     "args, message",
     [
         (["--threads", "0"], "--threads: must be an integer in [1, "),
-        (["--concurrency", "-2"], "--concurrency/--max-num-seqs: must be an integer >= 1, got -2"),
+        (["--max-num-seqs", "-2"], "--max-num-seqs/--concurrency: must be an integer >= 1, got -2"),
+        (["--concurrency", "-2"], "--max-num-seqs/--concurrency: must be an integer >= 1, got -2"),
+        (["--max-tokens-limit", "0"], "--max-tokens-limit/--max-new-tokens-limit: must be an integer >= 1, got 0"),
+        (["--max-new-tokens-limit", "0"], "--max-tokens-limit/--max-new-tokens-limit: must be an integer >= 1, got 0"),
+        (["--log-level", "loud"], "--log-level: invalid choice: 'LOUD'"),
         (["--port", "70000"], "--port: must be a TCP port in [1, 65535], got 70000"),
         (["--port", "-1"], "--port: must be a TCP port in [1, 65535], got -1"),
         (["--max-body-bytes", "0"], "--max-body-bytes: must be an integer >= 1, got 0"),
@@ -77,3 +81,29 @@ def test_the_demo_takes_its_models_as_gpt_serve_serve_does(models_root):
     assert named.names == ["ladder-b", "tiny"] and named.default_model() == "ladder-b"
     shipped = demo_registry(build_parser().parse_args(["--models-root", str(models_root), "--threads", "1"]))
     assert "ladder-e" in shipped.names and "ladder-e" not in shipped.available  # the ladder listed when missing
+
+
+def test_the_flags_of_gpt_serve_serve_and_the_older_spellings_name_the_same_knobs():
+    parse = build_parser().parse_args
+    new = parse(["--max-num-seqs", "3", "--max-tokens-limit", "500", "--log-level", "debug"])
+    old = parse(["--concurrency", "3", "--max-new-tokens-limit", "500", "--log-level", "DEBUG"])
+    assert (new.concurrency, new.max_tokens_limit, new.log_level) == (old.concurrency, old.max_tokens_limit, "DEBUG")
+    assert (new.concurrency, new.max_tokens_limit) == (3, 500)
+    args = parse(["ladder-a", "--model", "ladder-b"])  # --model: the default model, as serve and generate take it
+    assert (args.models, args.model_flag) == (["ladder-a"], "ladder-b")
+
+
+def test_model_chooses_the_page_s_model_among_those_found_or_adds_a_folder(models_root, tiny_model_dir):
+    from demo.cli import default_model_name, demo_registry
+
+    def opens_with(*argv):
+        args = build_parser().parse_args(["--models-root", str(models_root), *argv])
+        registry = demo_registry(args)
+        return registry.default_model(default_model_name(args, registry)), registry.names
+
+    model, names = opens_with("--model", "ladder-a")  # all the models found, ladder-a selected
+    assert model == "ladder-a" and {"tiny", "ladder-b"} <= set(names)
+    model, names = opens_with("--model", str(tiny_model_dir))  # a folder: served beside them, selected
+    assert model == tiny_model_dir.name and {tiny_model_dir.name, "tiny", "ladder-a"} <= set(names)
+    model, names = opens_with("ladder-a", "--model", "ladder-b")  # as `gpt-serve serve`: the default model, first
+    assert model == "ladder-b" and "ladder-a" in names

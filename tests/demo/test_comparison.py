@@ -150,3 +150,67 @@ def test_at_most_seven_snapshots_are_shown_evenly_spread(tmp_path, own_root):
     assert comparison.columns[0].elem_id == "compare-step-000100" and comparison.columns[-2].elem_id.endswith("1200")
     assert "(7 of the 12 it holds)" in comparison.intro
     comparison.close()
+
+
+@pytest.fixture(scope="module")
+def tuned_root(tmp_path_factory, models_root) -> Path:
+    """The test models plus `tuned`, fine-tuned from `tiny` (its card's base_model; its step-0 loss 2.95), and
+    `orphan`, fine-tuned from a model this server does not serve."""
+    from gpt_serve import CharTokenizer
+    from gpt_serve.folders.corpus_record import CorpusRecord
+
+    root = Path(shutil.copytree(models_root, tmp_path_factory.mktemp("tuned") / "models"))
+    tokenizer = CharTokenizer.from_pretrained(root / "tiny")
+    record = CorpusRecord.of("To be, or not to be, that is the question:\n" * 20, name="a speech")
+    metrics = [{"step": 0, "train_loss": 2.9, "val_loss": 2.95}, {"step": 40, "train_loss": 1.9, "val_loss": 2.0}]
+    for name, base in (("tuned", "tiny"), ("orphan", "elsewhere")):
+        save_model(root / name, tokenizer, record, seed=7)
+        (root / name / "README.md").write_text(f"---\nbase_model: {base}\n---\n\n# {name}\n")
+        (root / name / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    return root
+
+
+def test_a_fine_tuned_model_is_compared_with_its_base(tuned_root):
+    from demo.app import build_demo
+    from gpt_serve.serving.registry import ModelRegistry
+
+    registry = ModelRegistry.discover(models_root=tuned_root, threads=1)
+    demo = build_demo(registry, default_model="tuned", stream_interval=0.0, max_updates_per_second=None)
+    comparison = demo.handlers.comparison
+    assert comparison.kind == "base" and comparison.title == "Compare with the base model: what fine-tuning bought"
+    assert [c.label for c in comparison.columns] == ["tiny · base · val loss 2.95", "tuned · val loss 2.00"]
+    assert (
+        demo.handlers.compared == ["tiny", "tuned"] and "`tiny`, the model `tuned` was fine-tuned" in comparison.intro
+    )
+    updates = list(demo.handlers.ui_compare(None, None, *form(model="tuned", max_new_tokens=8, seed=5)))
+    base_text, tuned_text, status = updates[-2]
+    assert len(base_text) == len(tuned_text) == 8 and base_text != tuned_text
+    assert updates[-1][-1].startswith("Done: the prompt `ROMEO:` (seed 5)")
+    demo.handlers.close()
+
+
+def test_a_base_that_is_not_served_leaves_the_ladder(tuned_root):
+    from demo.comparison import comparison_for, served_base
+    from gpt_serve.serving.registry import ModelRegistry
+
+    registry = ModelRegistry.discover(models_root=tuned_root, threads=1)
+    assert served_base(registry, "orphan") is None and served_base(registry, "tuned") == "tiny"
+    assert comparison_for(registry, "orphan").kind == "ladder"  # the tiny vocabulary: the ladder's stages share it
+
+
+def test_a_fine_tuned_model_with_snapshots_puts_its_base_first(tuned_root, tmp_path, tokenizer):
+    from demo.comparison import comparison_for
+    from gpt_serve.folders.corpus_record import CorpusRecord
+    from gpt_serve.serving.registry import ModelRegistry
+
+    root = Path(shutil.copytree(tuned_root, tmp_path / "models"))
+    save_model(root / "tuned" / "snapshots" / "step-000020", tokenizer, CorpusRecord.of("ab\n" * 9), 8, (20, 2.5, 2.4))
+    comparison = comparison_for(ModelRegistry.discover(models_root=root, threads=1), "tuned")
+    assert comparison.kind == "checkpoints"
+    assert [c.label for c in comparison.columns] == [
+        "tiny · base · val loss 2.95",
+        "step 20 · val loss 2.50",
+        "tuned · val loss 2.00",
+    ]
+    assert "The first column is `tiny`, the model it was fine-tuned from" in comparison.intro
+    comparison.close()

@@ -7,9 +7,10 @@ import shutil
 
 import pytest
 
-from export.genai import GENAI_CONFIG_FILE_NAME, genai_tokenizer, rarest_id, write_genai_tokenizer
+from export.genai import GENAI_CONFIG_FILE_NAME, genai_search, genai_tokenizer, rarest_id, write_genai_tokenizer
 from gpt_serve.chargpt.vocab import CharVocab
 from gpt_serve.generation import SamplingParams, generate_text, load_backend
+from gpt_serve.generation.folder_defaults import read_generation_defaults
 from gpt_serve.models import list_models, model_path
 from tests.helpers import genai_greedy
 
@@ -51,6 +52,50 @@ def test_the_export_writes_genai_files_that_describe_the_graph(exported_dir):
     assert 0 <= model["eos_token_id"] < config.vocab_size
     vocab = CharVocab.from_file(exported_dir / "vocab.json")
     assert json.loads((exported_dir / "onnx" / "tokenizer.json").read_text("utf-8")) == genai_tokenizer(vocab)
+
+
+@pytest.mark.parametrize(
+    ("defaults", "search"),
+    [
+        ({}, dict(do_sample=True, temperature=1.0, top_k=65, top_p=1.0)),  # the lesson's
+        (dict(temperature=0.8, top_k=0, top_p=1.0), dict(do_sample=True, temperature=0.8, top_k=65, top_p=1.0)),
+        (dict(temperature=0.5, top_k=5, top_p=0.9), dict(do_sample=True, temperature=0.5, top_k=5, top_p=0.9)),
+        (dict(temperature=0.0), dict(do_sample=False, temperature=1.0, top_k=65, top_p=1.0)),  # greedy
+        (dict(top_k=200), dict(do_sample=True, temperature=1.0, top_k=65, top_p=1.0)),  # past the vocabulary: all
+    ],
+)
+def test_genai_samples_with_the_folder_s_defaults(defaults, search):
+    from gpt_serve import CharGPTConfig
+
+    assert genai_search(CharGPTConfig(vocab_size=65), defaults) == search
+
+
+def test_the_export_writes_the_folder_s_sampling_into_genai_config(exported_dir):
+    from gpt_serve import CharGPTConfig
+
+    settings = json.loads((exported_dir / "onnx" / GENAI_CONFIG_FILE_NAME).read_text())
+    config, defaults = CharGPTConfig.from_pretrained(exported_dir), read_generation_defaults(exported_dir)
+    assert settings["search"] == {**settings["search"], **genai_search(config, defaults)}
+
+
+def test_an_export_of_a_folder_with_a_bad_generation_config_names_it(exported_dir, tmp_path):
+    from export.exporter import WORK_PREFIX, export_model
+
+    folder = shutil.copytree(exported_dir, tmp_path / "model")
+    (folder / "generation_config.json").write_text('{"temperature": -1}')
+    with pytest.raises(ValueError, match=r"generation_config.json: .*temperature"):
+        export_model(folder, quantize=False)
+    assert not list(folder.glob(WORK_PREFIX + "*"))  # refused before any work
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_shipped_genai_config_samples_as_the_folder_says(name):
+    from gpt_serve import CharGPTConfig
+
+    folder = model_path(name)
+    search = json.loads((folder / "onnx" / GENAI_CONFIG_FILE_NAME).read_text())["search"]
+    want = genai_search(CharGPTConfig.from_pretrained(folder), read_generation_defaults(folder))
+    assert search == {**search, **want} and search["temperature"] == 0.8  # generation_config.json's
 
 
 @pytest.mark.parametrize("name", list_models())
