@@ -187,7 +187,7 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
         with gr.Column(scale=2, min_width=320, elem_id="settings-column"):
             _model_layout(ui, registry, handlers, record, default_backend)
             with gr.Accordion("Sampling", open=True, elem_id="sampling"):
-                _sampling_layout(ui, limits)
+                _sampling_layout(ui, limits, handlers.ui_model_sampling(handlers.default_model))
     _attention_layout(ui, registry)
     ui.gen_ticket = gr.Textbox(visible="hidden", elem_id="gen-ticket")
     ui.compare_ticket = gr.Textbox(visible="hidden", elem_id="compare-ticket")
@@ -240,14 +240,16 @@ def _model_layout(ui: SimpleNamespace, registry: ModelRegistry, handlers: DemoHa
         ui.curve_note = gr.Markdown(elem_id="curve-note")
 
 
-def _sampling_layout(ui: SimpleNamespace, limits: Limits) -> None:
-    """The Format control and the sampling settings."""
+def _sampling_layout(ui: SimpleNamespace, limits: Limits, start: tuple) -> None:
+    """The Format control and the sampling settings; the sliders (`SAMPLING_SLIDERS`) start at `start`, the default
+    model's defaults, so the page's opening changes none of them (a value typed at once is kept)."""
     format_control(ui)  # a regex or choices the text must fit (demo.format_control); folded on a phone
+    start = dict(zip(SAMPLING_SLIDERS, start, strict=True))
     # the sliders' ranges: the server's limit of new tokens, and what is worth sliding through
-    ui.max_new_tokens = _field(gr.Slider, "max_new_tokens", 1, limits.max_new_tokens, step=1)
-    ui.temperature = _field(gr.Slider, "temperature", 0, 2, step=0.05)
-    ui.top_k = _field(gr.Slider, "top_k", 0, 100, step=1)
-    ui.top_p = _field(gr.Slider, "top_p", 0.01, 1, step=0.01)
+    ui.max_new_tokens = _field(gr.Slider, "max_new_tokens", 1, limits.max_new_tokens, step=1, value=start)
+    ui.temperature = _field(gr.Slider, "temperature", 0, 2, step=0.05, value=start)
+    ui.top_k = _field(gr.Slider, "top_k", 0, 100, step=1, value=start)
+    ui.top_p = _field(gr.Slider, "top_p", 0.01, 1, step=0.01, value=start)
     ui.settings_note = gr.Markdown(elem_id="settings-note")  # a typed value the slider clamped
     ui.seed = _field(gr.Number, "seed", precision=0)
     ui.window_mode = _field(gr.Radio, "window_mode")
@@ -296,13 +298,14 @@ def _compare_layout(ui: SimpleNamespace, comparison: Comparison) -> None:
             ]
 
 
-def _field(component, name: str, *args, **kwargs):
-    """The component of the form's field `name`, with its label, default and choices (`demo.form.FORM`), and the
-    element id the tests find it by (max_new_tokens: `max-new-tokens`)."""
+def _field(component, name: str, *args, value: dict | None = None, **kwargs):
+    """The component of the form's field `name`, with its label, default (`value[name]` where given) and choices
+    (`demo.form.FORM`), and the element id the tests find it by (max_new_tokens: `max-new-tokens`)."""
     field = FORM[name]
     if "choices" in field:
         kwargs["choices"] = field["choices"]
-    return component(*args, value=field["default"], label=field["label"], elem_id=name.replace("_", "-"), **kwargs)
+    start = (value or {}).get(name, field["default"])
+    return component(*args, value=start, label=field["label"], elem_id=name.replace("_", "-"), **kwargs)
 
 
 PRIVATE = dict(api_visibility="private")  # the page's own events: not on the API page
@@ -377,9 +380,10 @@ def _wire_model_choice(demo: gr.Blocks, ui: SimpleNamespace, handlers: DemoHandl
         trigger(handlers.ui_model_info, [ui.model, ui.backend], ui.model_info, show_progress_on=ui.model, **quiet)
     sliders = [getattr(ui, name) for name in SAMPLING_SLIDERS]
     curve = functools.partial(curve_update, handlers.registry)
+    # the sampling of the model chosen (its generation_config.json; the page opens with the default model's), and its
+    # training curve
+    ui.model.change(handlers.ui_model_sampling, [ui.model], sliders, **quiet)
     for trigger in (ui.model.change, demo.load):
-        # the sampling of the model chosen (its generation_config.json), and its training curve
-        trigger(handlers.ui_model_sampling, [ui.model], sliders, **quiet)
         trigger(curve, [ui.model], [ui.curve, ui.curve_note], show_progress_on=ui.curve_note, **quiet)
     # the examples (and an untouched default prompt) of the model chosen
     ui.model.change(handlers.ui_model_prompts, [ui.model, ui.prompt], [ui.examples, ui.prompt], **quiet)
