@@ -179,7 +179,7 @@ def test_generate_takes_a_regex_choices_and_a_schema_file(tiny_model_dir, tmp_pa
     [
         (["--regex", "a("], r"structured_outputs.regex: the regex is malformed or unsupported \(missing \)"),
         (["--json-schema", "/nonexistent/schema.json"], "--json-schema: cannot read /nonexistent/schema.json"),
-        (["--grammar", __file__], "structured_outputs.grammar: grammars are not supported"),
+        (["--grammar", __file__], "structured_outputs.grammar: the grammar is malformed"),
     ],
 )
 def test_bad_constraints_exit_2_with_a_message(tiny_model_dir, capsys, args, message):

@@ -145,7 +145,6 @@ def test_states_that_cannot_reach_an_accepted_text_are_pruned(shakespeare):
         ({"regex": "ab(c"}, "structured_outputs.regex: the regex is malformed or unsupported (missing ), unterminated"),
         ({"regex": "((a{100}){100}){100}"}, "structured_outputs.regex: compiling it"),
         ({"json": {"type": "nonsense"}}, "structured_outputs.json: the JSON schema is not supported"),
-        ({"grammar": 'root ::= "a"'}, "structured_outputs.grammar: grammars are not supported"),
     ],
 )
 def test_bad_or_hostile_constraints_are_refused_not_stalled(shakespeare, value, message):
