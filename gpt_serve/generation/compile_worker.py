@@ -143,37 +143,43 @@ class Unwritable(CompileError):
 
 
 def grammar_tokenizer(chars: tuple[str, ...] | list[str]):
-    """llguidance's tokenizer for a character vocabulary: token i is `chars[i]`'s UTF-8 bytes, and id `len(chars)` a
-    virtual EOS (llguidance wants one; our vocabularies have none, and it is never sampled: masks are cut before it).
-    A text is tokenized a character at a time, up to the first character the vocabulary lacks (llguidance asks only
-    for forced text; a prefix makes it see that the rest cannot be written)."""
+    """llguidance's tokenizer for a character vocabulary: token i is `chars[i]`'s UTF-8 bytes, id `len(chars)` a
+    virtual EOS (llguidance wants one; our vocabularies have none), and after it a token for each byte no character
+    of the vocabulary is alone, so that llguidance can tokenize any text it would force (its own check that a text
+    can be written). Only the first `len(chars)` ids are ever sampled: masks are cut there (`grammar_mask`)."""
     import llguidance
 
     ids = {c: i for i, c in enumerate(chars)}
+    own = {c.encode() for c in chars}
+    extra = [bytes([b]) for b in range(256) if bytes([b]) not in own]
+    byte_ids = {b[0]: len(chars) + 1 + i for i, b in enumerate(extra)}
 
     class CharTokens:
         eos_token_id = len(chars)
         bos_token_id = None
-        tokens = [c.encode() for c in chars] + [b"<|end|>"]
+        tokens = [c.encode() for c in chars] + [b"<|end|>"] + extra
         special_token_ids = [len(chars)]
 
         def __call__(self, text):
-            text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+            text = text.decode("utf-8", "surrogateescape") if isinstance(text, bytes) else text
             out = []
             for c in text:
-                if c not in ids:
-                    break
-                out.append(ids[c])
+                if c in ids:
+                    out.append(ids[c])
+                else:  # a character the vocabulary lacks: its bytes (a surrogate escape: the byte it stands for)
+                    raw = bytes([ord(c) - 0xDC00]) if "\udc80" <= c <= "\udcff" else c.encode()
+                    out.extend(byte_ids.get(b, ids.get(chr(b), 0)) for b in raw)
             return out
 
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(CharTokens()), slices=[])
 
 
-def grammar_mask(matcher, vocab_size: int) -> np.ndarray:
-    """The ids `matcher` allows next, of the vocabulary's `vocab_size` (the virtual EOS left out): (V,) bool."""
+def grammar_mask(matcher, tokenizer, vocab_size: int) -> np.ndarray:
+    """The ids `matcher` (over `tokenizer`) allows next, of the vocabulary's `vocab_size` (the virtual EOS and the
+    byte tokens left out): (V,) bool."""
     from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
-    bits = allocate_token_bitmask(1, vocab_size + 1)
+    bits = allocate_token_bitmask(1, tokenizer.vocab_size)
     fill_next_token_bitmask(matcher, bits)
     return np.unpackbits(bits.view(np.uint8), bitorder="little")[:vocab_size].astype(bool)
 
@@ -211,18 +217,20 @@ def _compile_grammar(job: dict) -> dict:
     try:
         grammar = _grammar(job)
     except ValueError as e:
-        return {"error": f"the grammar is malformed: {e}"}
+        return {"error": f"the grammar is malformed: {str(e).rstrip()}"}
     chars = job["chars"]
-    matcher = llguidance.LLMatcher(grammar_tokenizer(chars), grammar, log_level=0)
+    tokenizer = grammar_tokenizer(chars)
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
     if matcher.is_error():
-        return {"error": f"the grammar is malformed or unsupported: {matcher.get_error()}"}
-    first = grammar_mask(matcher, len(chars)) & np.array(job["allowed"], dtype=bool)
+        return {"error": f"the grammar is malformed or unsupported: {matcher.get_error().rstrip()}"}
+    first = grammar_mask(matcher, tokenizer, len(chars)) & np.array(job["allowed"], dtype=bool)
     if matcher.is_error() and not dead_end(matcher):
         return {"error": f"the grammar could not be compiled: {matcher.get_error().splitlines()[0]}"}
     if not first.any() and not matcher.is_accepting():
         every = chars + [c for c in job["others"] if c not in set(chars)]
-        wide = llguidance.LLMatcher(grammar_tokenizer(every), grammar, log_level=0)
-        wanted = np.flatnonzero(grammar_mask(wide, len(every))).tolist()
+        wide_tokenizer = grammar_tokenizer(every)
+        wide = llguidance.LLMatcher(wide_tokenizer, grammar, log_level=0)
+        wanted = np.flatnonzero(grammar_mask(wide, wide_tokenizer, len(every))).tolist()
         have = {c for c, ok in zip(chars, job["allowed"], strict=True) if ok}
         return {"missing": [every[i] for i in wanted if every[i] not in have]}
     return {"grammar": grammar}

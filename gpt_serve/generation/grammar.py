@@ -66,7 +66,7 @@ class GrammarAutomaton:
     def mask(self, state: GrammarState) -> np.ndarray:
         """What may follow in `state`: (V,) bool. ValueError when the matcher failed (a limit of llguidance's)."""
         if state.mask is None:
-            mask = grammar_mask(state.matcher, self.vocab_size) & self.vocab_mask
+            mask = grammar_mask(state.matcher, self._tokenizer, self.vocab_size) & self.vocab_mask
             if dead_end(state.matcher):
                 mask[:] = False  # (`masks` names what it lacks)
             elif state.matcher.is_error():
@@ -100,9 +100,10 @@ class GrammarAutomaton:
         import llguidance
 
         every = self.chars + [c for c in self.others if c not in set(self.chars)]
-        wide = llguidance.LLMatcher(grammar_tokenizer(every), self.grammar, log_level=0)
+        tokenizer = grammar_tokenizer(every)
+        wide = llguidance.LLMatcher(tokenizer, self.grammar, log_level=0)
         wide.consume_tokens(state.ids)  # the same ids: the vocabulary comes first in `every`
-        wanted = [every[i] for i in np.flatnonzero(grammar_mask(wide, len(every)))]
+        wanted = [every[i] for i in np.flatnonzero(grammar_mask(wide, tokenizer, len(every)))]
         missing = [c for i, c in enumerate(every) if c in wanted and not (i < self.vocab_size and self.vocab_mask[i])]
         return (
             f"{self.constraint.source}: the grammar goes on after {_characters(len(state.ids))} only with characters "
