@@ -197,12 +197,12 @@ def _grammar(job: dict) -> str:
     import llguidance
 
     if job["kind"] == "json_object":
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(job["text"], overrides=JSON_OPTIONS)
-    else:
-        grammar = llguidance.grammar_from("grammar", job["text"])  # ValueError naming a malformed EBNF grammar
+        parsed = json.loads(llguidance.LLMatcher.grammar_from_json_schema(job["text"], overrides=JSON_OPTIONS))
+    else:  # Lark as it is, EBNF (GBNF) converted to Lark: llguidance's `grammar_from("grammar", ...)`
+        lark = llguidance.grammar_from("grammar", job["text"])  # ValueError naming a malformed EBNF grammar
+        parsed = {"grammars": [{"lark_grammar": lark}]}
     if not job["end"]:
-        return grammar
-    parsed = json.loads(grammar)
+        return json.dumps(parsed)
     inner = parsed["grammars"][0]
     inner.setdefault("name", "constrained")
     outer = f"start: @{inner['name']} END?\nEND: {json.dumps(job['end'])}\n"
