@@ -63,6 +63,9 @@ class Case:
 VOCAB_CHARS = "".join(json.loads((model_path(MODEL) / "vocab.json").read_text(encoding="utf-8")))
 G = dict(temperature=0, max_new_tokens=24)
 SPEAKER_LINE = r"[A-Z][A-Z ]{1,20}:\n[A-Z][a-z ,]{3,40}[.!?]"
+SPEAKER_GRAMMAR = (
+    'start: NAME ":\\n" LINE\nNAME: /[A-Z][A-Z ]{1,20}/\nLINE: /[A-Z][a-z ,]{3,40}[.!?]/\n'  # the same, in Lark
+)
 
 CASES = [
     Case("spaces and newlines", dict(prompt="a b\nc d, e", **G)),
@@ -176,6 +179,33 @@ CASES = [
         dict(prompt="ROMEO:", structured_outputs={"regex": "[A-Z"}),
         refusal="structured_outputs.regex: the regex is malformed or unsupported",
     ),
+    Case("a grammar, greedy", dict(prompt="ROMEO:\n", structured_outputs={"grammar": SPEAKER_GRAMMAR}, **G)),
+    Case(
+        "a grammar, sampled",
+        dict(
+            prompt="ROMEO:\n", structured_outputs={"grammar": SPEAKER_GRAMMAR}, temperature=1, seed=6, max_new_tokens=80
+        ),
+    ),
+    Case(
+        "an EBNF grammar, sampled",
+        dict(
+            prompt="Wilt thou?\n",
+            structured_outputs={"grammar": 'root ::= ("Ay" | "No, my lord") [.!]'},
+            seed=2,
+            max_new_tokens=20,
+        ),
+    ),
+    Case(
+        "a malformed grammar",
+        dict(prompt="ROMEO:", structured_outputs={"grammar": "start: NAME"}),
+        refusal='structured_outputs.grammar: the grammar is malformed or unsupported: at 1(8): unknown name: "NAME"',
+    ),
+    Case(
+        "a grammar the vocabulary cannot write",
+        dict(prompt="ROMEO:", structured_outputs={"grammar": 'start: "{" /[a-z]+/ "}"'}),
+        refusal="structured_outputs.grammar: this model's vocabulary cannot write the first character of any text the "
+        "grammar accepts: it lacks the characters '{'",
+    ),
 ]
 
 
@@ -254,6 +284,10 @@ def cli(s, loaded, backend, f):
         schema = Path(tempfile.mkdtemp()) / "schema.json"
         schema.write_text(json.dumps(structured["json"]), encoding="utf-8")
         argv.append(f"--json-schema={schema}")
+    if "grammar" in structured:
+        grammar = Path(tempfile.mkdtemp()) / "grammar.lark"
+        grammar.write_text(structured["grammar"], encoding="utf-8")
+        argv.append(f"--grammar={grammar}")
     out, err = io.StringIO(), io.StringIO()
     original = generate_command.load_backend
     generate_command.load_backend = lambda model, key, threads: loaded[key]  # the model is loaded once for all cases
@@ -528,27 +562,31 @@ def test_every_surface_agrees(surfaces, loaded, case, backend):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_constrained_request_gets_its_text_alone_and_in_a_batch_of_64(loaded, backend):
-    """63 neighbours in the same batch (constrained by the same regex, by another, by choices, or not at all) change
-    no token of a sampled, constrained request."""
+@pytest.mark.parametrize(
+    "constraint", [{"regex": SPEAKER_LINE}, {"grammar": SPEAKER_GRAMMAR}], ids=["regex", "grammar"]
+)
+def test_a_constrained_request_gets_its_text_alone_and_in_a_batch_of_64(loaded, backend, constraint):
+    """63 neighbours in the same batch (constrained by the same constraint, by a regex, a grammar, choices, or not at
+    all) change no token of a sampled request constrained by a regex or a grammar."""
     from gpt_serve.generation.scheduler import Scheduler
 
     m = loaded[backend]
     fields = dict(prompt="ROMEO:\n", temperature=1, seed=21, max_new_tokens=60)
-    request = parse_request({**fields, "structured_outputs": {"regex": SPEAKER_LINE}})
+    request = parse_request({**fields, "structured_outputs": constraint})
     others = [
-        {"structured_outputs": {"regex": SPEAKER_LINE}},
+        {"structured_outputs": constraint},
         {"structured_outputs": {"regex": "[a-z ]+"}},
         {"structured_outputs": {"choice": ["Ay.", "No."]}},
         {},
+        {"structured_outputs": {"grammar": 'start: ("Ay" | "No") "."'}},
     ]
     alone = generate_text(
-        m.backend, m.vocab, "ROMEO:\n", 60, SamplingParams(1.0), seed=21, structured_outputs={"regex": SPEAKER_LINE}
+        m.backend, m.vocab, "ROMEO:\n", 60, SamplingParams(1.0), seed=21, structured_outputs=constraint
     )
     scheduler = Scheduler(m.backend, max_batch=64, max_queue=64)
     try:
         streams = [
-            TextStream(scheduler, m.vocab, parse_request({**fields, **others[i % 4], "seed": 100 + i}))
+            TextStream(scheduler, m.vocab, parse_request({**fields, **others[i % 5], "seed": 100 + i}))
             for i in range(63)
         ]
         streams.insert(31, TextStream(scheduler, m.vocab, request))

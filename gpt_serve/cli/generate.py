@@ -110,7 +110,12 @@ def _add_structured_arguments(g) -> None:
     one.add_argument("--regex", default=None, help="the text must match this regular expression")
     one.add_argument("--choice", action="append", default=None, help="the text is one of these (repeat the flag)")
     one.add_argument("--json-schema", metavar="FILE", default=None, help="the text is JSON that fits this schema")
-    one.add_argument("--grammar", metavar="FILE", default=None, help="a grammar (refused: docs/structured.md)")
+    one.add_argument(
+        "--grammar",
+        metavar="FILE",
+        default=None,
+        help="the text must match this grammar: Lark, or EBNF as llama.cpp's GBNF (root ::= ...), as vLLM takes it",
+    )
 
 
 def _default(field: str):

@@ -6,7 +6,9 @@ Every token is one character, so the constraint's character DFA *is* the token m
 tokens, no token healing. interegular compiles the regex (outlines-core writes a schema's regex) in a worker process
 (`compile_worker`, bounded in time and memory); the automaton is then restricted here to the vocabulary (and a
 request's `allowed_token_ids`) and pruned to the states from which an accepted text can still be written, so a row
-never walks into a dead end. Compiled automata are cached per (constraint, vocabulary, allowed ids). numpy only.
+never walks into a dead end. A grammar and `json_object` are no finite automata: llguidance checks them in the same
+worker, and each row masks by its own parser (`grammar.GrammarAutomaton`, the same interface). Compiled automata are
+cached per (constraint, vocabulary, allowed ids). numpy (and llguidance) only.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .compile_worker import CompileError, compile_dfa
+from .compile_worker import CompileError, Unwritable, compile_dfa, compile_grammar
 from .fields import RequestError
+from .grammar import GrammarAutomaton
 from .structured import Constraint
 
 __all__ = ["CharAutomaton", "compile_constraint", "constraint_job"]
+
+# constraints with no finite automaton in general, compiled by llguidance and masked by its parser per step (`grammar`)
+GRAMMAR_KINDS = ("grammar", "json_object")
 
 # characters a constraint's DFA is built over besides the vocabulary's and its own: what a constraint may need that
 # a vocabulary lacks is named from these (printable ASCII, tab and newline)
@@ -48,6 +54,17 @@ class CharAutomaton:
     def n_states(self) -> int:
         return self.next_state.shape[0]
 
+    def advance(self, state: int, token: int) -> int:
+        """The state after `token` (which `allowed[state]` allowed): a table lookup."""
+        return int(self.next_state[state, token])
+
+    def is_final(self, state: int) -> bool:
+        return bool(self.final[state])
+
+    def masks(self, states: Sequence[int]) -> np.ndarray:
+        """What may follow in each of `states`: (k, V) bool, a gather from the table."""
+        return self.allowed[states]
+
     def walk(self, ids: Sequence[int], state: int | None = None) -> int:
         """The state after `ids` from `state` (None: the initial one); ValueError at a token not allowed."""
         state = self.initial if state is None else state
@@ -60,19 +77,12 @@ class CharAutomaton:
 
 
 def constraint_job(constraint: Constraint) -> tuple[str, str, str]:
-    """What the worker compiles: (kind, text, end): "regex" and a regex, or "schema" and a schema's JSON, then `end`
-    (a regex) allowed after it. A grammar is refused here (a context-free grammar has no finite automaton in
-    general: docs/structured.md)."""
+    """What the worker compiles to a DFA: (kind, text, end): "regex" and a regex, or "schema" and a schema's JSON,
+    then `end` (a regex) allowed after it. (A grammar and `json_object` go to llguidance instead: `GRAMMAR_KINDS`.)"""
     end = f"(?:{_literal(constraint.end)})?" if constraint.end else ""
-    if constraint.kind == "grammar":
-        raise RequestError(
-            f"{constraint.source}: grammars are not supported: a context-free grammar has no finite automaton in "
-            f"general, and this server masks by one. Give the language as a regex (structured_outputs.regex)",
-            constraint.field,
-        )
     if constraint.kind == "choice":
         return "regex", "|".join(_literal(c) for c in constraint.value), end
-    if constraint.kind in ("json", "json_object"):
+    if constraint.kind == "json":
         return "schema", constraint.value, end
     return "regex", constraint.value, end
 
@@ -88,7 +98,7 @@ _CACHE_LOCK = threading.Lock()
 
 def compile_constraint(
     constraint: Constraint | None, chars: Sequence[str], allowed_ids: Sequence[int] | None = None
-) -> CharAutomaton | None:
+) -> CharAutomaton | GrammarAutomaton | None:
     """The automaton of `constraint` over the vocabulary `chars` (id order), only `allowed_ids` allowed (None: all);
     None when there is neither. Cached. RequestError naming the request field for a malformed or unsupported
     constraint, one too large or too slow to compile, ids outside the vocabulary, or a constraint the vocabulary
@@ -110,6 +120,8 @@ def compile_constraint(
         mask[list(allowed_ids)] = True
     if constraint is None:  # one state, every allowed id loops on it
         automaton = CharAutomaton(np.where(mask, 0, -1).astype(np.int32)[None, :], 0, np.ones(1, bool), None)
+    elif constraint.kind in GRAMMAR_KINDS:
+        automaton = _compile_grammar(constraint, list(chars), mask)
     else:
         automaton = _compile(constraint, list(chars), mask)
     with _CACHE_LOCK:
@@ -136,6 +148,20 @@ def _compile(constraint: Constraint, chars: list[str], mask: np.ndarray) -> Char
     kept = table[useful]  # (S', V)
     kept = np.where(kept >= 0, np.where(useful[np.maximum(kept, 0)], number[np.maximum(kept, 0)], -1), -1)
     return CharAutomaton(kept.astype(np.int32), int(number[dfa.initial]), dfa.accepting[useful], constraint)
+
+
+def _compile_grammar(constraint: Constraint, chars: list[str], mask: np.ndarray) -> GrammarAutomaton:
+    others = tuple(c for c in BASE_ALPHABET if c not in set(chars))
+    try:
+        grammar = compile_grammar(constraint.kind, constraint.value, tuple(chars), tuple(mask.tolist()), others,
+                                  constraint.end)  # fmt: skip
+    except Unwritable as e:
+        raise RequestError(f"{constraint.source}: this model's vocabulary cannot write the first character of any "
+                           f"text the grammar accepts: it lacks the characters {_shown(e.missing)}",
+                           constraint.field) from None  # fmt: skip
+    except CompileError as e:
+        raise RequestError(f"{constraint.source}: {e}", constraint.field) from None
+    return GrammarAutomaton(grammar, chars, mask, constraint, others)
 
 
 def _useful(table: np.ndarray, initial: int, accepting: np.ndarray) -> np.ndarray:
@@ -170,6 +196,11 @@ def _unwritable(constraint: Constraint, dfa, have: set[str]) -> str:
     moves = (dfa.table >= 0) & useful[:, None] & useful[np.maximum(dfa.table, 0)]
     used = [dfa.alphabet[a] for a in np.flatnonzero(moves.any(axis=0))]
     missing = [c for c in used if c not in have]
-    shown = " ".join(repr(c) for c in missing[:40]) + (f" and {len(missing) - 40} more" if len(missing) > 40 else "")
     return (f"{constraint.source}: this model's vocabulary cannot write any text the constraint accepts: it lacks "
-            f"the characters {shown}")  # fmt: skip
+            f"the characters {_shown(missing)}")  # fmt: skip
+
+
+def _shown(missing: list[str]) -> str:
+    """Characters for a message: the first 40, and how many more."""
+    more = f" and {len(missing) - 40} more" if len(missing) > 40 else ""
+    return (" ".join(repr(c) for c in missing[:40]) + more) or "(none it knows)"

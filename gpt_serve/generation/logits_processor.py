@@ -16,10 +16,13 @@ another is cheap: compiled automata are cached). Imports torch and transformers.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import LogitsProcessor, StoppingCriteria
 
 from .constraints import CharAutomaton, compile_constraint
+from .grammar import GrammarAutomaton
 from .spec import parse_request
 
 __all__ = ["StructuredOutputs"]
@@ -42,31 +45,42 @@ class StructuredOutputs(LogitsProcessor):
         automaton = compile_constraint(request.constraint, chars, request.allowed_token_ids)
         if automaton is None:
             raise ValueError("give structured_outputs, a JSON response_format or allowed_token_ids")
-        self.automaton: CharAutomaton = automaton
-        self._allowed = torch.from_numpy(automaton.allowed)  # (S, V)
+        self.automaton: CharAutomaton | GrammarAutomaton = automaton
         self._prompt_length: int | None = None  # the first call's input length: what follows is generated
+        # each batch row's generated ids so far and its state after them (None once ended), carried from call to
+        # call so that a grammar's matcher moves one token a step
+        self._rows: dict[int, tuple[list[int], Any]] = {}
 
-    def states(self, input_ids: torch.LongTensor) -> list[int | None]:
+    def states(self, input_ids: torch.LongTensor) -> list:
         """Each row's state after its generated tokens (None: it has ended, accepted with nothing to follow)."""
         if self._prompt_length is None:
             self._prompt_length = input_ids.shape[1]
-        return [self._state(row[self._prompt_length :].tolist()) for row in input_ids]
+        return [self._state(b, row[self._prompt_length :].tolist()) for b, row in enumerate(input_ids)]
 
-    def _state(self, generated: list[int]) -> int | None:
-        state = self.automaton.initial
-        for token in generated:
-            if self.automaton.final[state]:
-                return None
-            state = int(self.automaton.next_state[state, token])
-        return None if self.automaton.final[state] else state
+    def _state(self, b: int, generated: list[int]):
+        seen, state = self._rows.get(b, (None, None))
+        if seen is None or generated[: len(seen)] != seen:  # not this row's continuation: from the start
+            seen, state = [], self._unless_final(self.automaton.walk([]))
+        for token in generated[len(seen) :]:
+            if state is None:  # ended: what follows is not constrained
+                break
+            state = self._unless_final(self.automaton.advance(state, token))
+        self._rows[b] = (generated, state)
+        return state
+
+    def _unless_final(self, state):
+        return None if self.automaton.is_final(state) else state
 
     def end_of(self, row: torch.LongTensor) -> int:
         """Where the constrained text of `row` (prompt and generated ids) ends: its length if it has not."""
         assert self._prompt_length is not None, "call generate first"
-        state = self.automaton.initial
+        state = self.automaton.walk([])
         for i, token in enumerate(row[self._prompt_length :].tolist()):
-            state = int(self.automaton.next_state[state, token])
-            if state < 0 or self.automaton.final[state]:
+            try:
+                state = self.automaton.walk([token], state)
+            except ValueError:
+                return self._prompt_length + i + 1
+            if self.automaton.is_final(state):
                 return self._prompt_length + i + 1
         return len(row)
 
@@ -75,7 +89,8 @@ class StructuredOutputs(LogitsProcessor):
         allowed = torch.ones_like(scores, dtype=torch.bool)
         live = [b for b, s in enumerate(states) if s is not None]
         if live:
-            allowed[live] = self._allowed[[states[b] for b in live]].to(scores.device)
+            masks = self.automaton.masks([states[b] for b in live])  # (k, V)
+            allowed[live] = torch.from_numpy(masks).to(scores.device)
         return scores.masked_fill(~allowed, float("-inf"))
 
     def stopping_criteria(self) -> StoppingCriteria:

@@ -75,8 +75,8 @@ class Row:
         self.left -= 1
         self.turn += 1
         if self.automaton is not None:
-            self.state = int(self.automaton.next_state[self.state, token])
-            if self.automaton.final[self.state]:  # accepted, and nothing may follow: "stop"
+            self.state = self.automaton.advance(self.state, token)
+            if self.automaton.is_final(self.state):  # accepted, and nothing may follow: "stop"
                 return True
         return self.left <= 0 or token in self.stops
 
@@ -105,7 +105,7 @@ def next_tokens(rows: list[Row], logits: np.ndarray, backend_name: str) -> Outco
     work = _penalized(rows, logits, out)
     _refuse_non_finite(rows, logits, work, out, backend_name)
     live = [i for i in range(len(rows)) if i not in out.errors]
-    work = _constrained(rows, logits, work, live)
+    work, live = _constrained(rows, logits, work, live, out)
     _sample(rows, work, live, out)
     wanted = [i for i in live if rows[i].top_logprobs is not None and i not in out.errors]
     if wanted:
@@ -187,13 +187,17 @@ def apply_penalties(work: np.ndarray, rows: list[Row], at: list[int]) -> None:
         work[[i for i, _ in biased]] += np.stack([row.bias for _, row in biased])
 
 
-def _constrained(rows: list[Row], logits: np.ndarray, work: np.ndarray, live: list[int]) -> np.ndarray:
+def _constrained(
+    rows: list[Row], logits: np.ndarray, work: np.ndarray, live: list[int], out: Outcome
+) -> tuple[np.ndarray, list[int]]:
     """`work` with the tokens each constrained live row's automaton does not allow there at -inf (a copy where any
-    row has one): one lookup of its state's row in the automaton's table. The draw then renormalises over the
-    allowed tokens; the logprobs stay the model's own (`logits`)."""
+    row has one), and the rows still live: for a regex, choices or a schema one lookup of its state's row in the
+    automaton's table; for a grammar its parser's mask. The draw then renormalises over the allowed tokens; the
+    logprobs stay the model's own (`logits`). A grammar row with nothing to write (its parser failed, or it goes on
+    only with characters the vocabulary lacks) ends with an error naming why."""
     constrained = [i for i in live if rows[i].automaton is not None]
     if not constrained:
-        return work
+        return work, live
     if work is logits:
         work = logits.copy()
     by_automaton: dict[int, list[int]] = {}
@@ -201,9 +205,25 @@ def _constrained(rows: list[Row], logits: np.ndarray, work: np.ndarray, live: li
         by_automaton.setdefault(id(rows[i].automaton), []).append(i)
     for indices in by_automaton.values():
         automaton = rows[indices[0]].automaton
-        allowed = automaton.allowed[[rows[i].state for i in indices]]  # (k, V)
+        try:
+            allowed = automaton.masks([rows[i].state for i in indices])  # (k, V)
+        except ValueError:  # a grammar row's: find which, each alone
+            indices = [i for i in indices if not _failed_mask(rows, i, out)]
+            if not indices:
+                continue
+            allowed = automaton.masks([rows[i].state for i in indices])
         work[indices] = np.where(allowed, work[indices], -np.inf)
-    return work
+    return work, [i for i in live if i not in out.errors]
+
+
+def _failed_mask(rows: list[Row], i: int, out: Outcome) -> bool:
+    """Whether row i has no mask (then it ends with the error naming why)."""
+    try:
+        rows[i].automaton.masks([rows[i].state])
+    except ValueError as e:
+        out.errors[i] = EngineError(str(e))
+        return True
+    return False
 
 
 def _penalty_settings(s: SamplingParams) -> str:

@@ -106,7 +106,7 @@ class TextStream:
         self._end_reason = "length"
         self._sent = 0  # how much of `text` `take` has returned
         self._hold = max((len(s) - 1 for s in self.stops), default=0)  # a tail that may still become a stop
-        self._state = self.automaton.initial if self.automaton is not None else 0  # after the tokens so far
+        self._state = self.automaton.walk([]) if self.automaton is not None else 0  # after the tokens so far
 
     @property
     def done(self) -> bool:
@@ -161,7 +161,7 @@ class TextStream:
 
     def _text_of(self, chunk: list[int] | None) -> str:
         if chunk is None:
-            done = self.automaton is not None and self.automaton.final[self._state]  # the constraint's text is whole
+            done = self.automaton is not None and self.automaton.is_final(self._state)  # the constraint's text is whole
             self.finish_reason = "stop" if done else self._end_reason
             return self._new_text(final=True)
         if self.automaton is not None:

@@ -259,6 +259,7 @@ def test_structured_benchmark():
     )
     assert "onnx       3 streams x 8 tokens" in out and "ratio" in out
     assert "compile, small JSON schema" in out and "compile, speaker-line regex" in out
+    assert "grammar" in out and "compile, json_object" in out
 
 
 @pytest.mark.slow

@@ -160,6 +160,21 @@ def test_a_mistyped_folder_is_missing_a_mistyped_name_unknown(capsys, model, mes
     assert message in capsys.readouterr().err
 
 
+def test_generate_takes_a_grammar_file(tiny_model_dir, tmp_path, capsys):
+    grammar = tmp_path / "answer.lark"
+    grammar.write_text('start: ("Ay" | "No") ", my lord" /[.!]/\n')
+    assert (
+        main(["generate", str(tiny_model_dir), "--prompt", "Wilt thou? ", "--no-echo", "--grammar", str(grammar)]) == 0
+    )
+    assert re.fullmatch(r"(Ay|No), my lord[.!]\n", capsys.readouterr().out)
+    grammar.write_text("start: foo\n")
+    assert main(["generate", str(tiny_model_dir), "--prompt", "Wilt thou? ", "--grammar", str(grammar)]) == 2
+    captured = capsys.readouterr()
+    assert 'structured_outputs.grammar: the grammar is malformed or unsupported: at 1(8): unknown name: "foo"' in (
+        captured.err
+    )
+
+
 def test_generate_takes_a_regex_choices_and_a_schema_file(tiny_model_dir, tmp_path, capsys):
     base = ["generate", str(tiny_model_dir), "--prompt", "ROMEO:", "--no-echo", "--seed", "1"]
     assert main([*base, "--regex", "[A-Z]{2,6}:\n[a-z ]{1,9}[.!]"]) == 0
@@ -179,7 +194,7 @@ def test_generate_takes_a_regex_choices_and_a_schema_file(tiny_model_dir, tmp_pa
     [
         (["--regex", "a("], r"structured_outputs.regex: the regex is malformed or unsupported \(missing \)"),
         (["--json-schema", "/nonexistent/schema.json"], "--json-schema: cannot read /nonexistent/schema.json"),
-        (["--grammar", __file__], "structured_outputs.grammar: grammars are not supported"),
+        (["--grammar", "/nonexistent/answer.lark"], "--grammar: cannot read /nonexistent/answer.lark"),
     ],
 )
 def test_bad_constraints_exit_2_with_a_message(tiny_model_dir, capsys, args, message):

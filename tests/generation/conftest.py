@@ -1,4 +1,5 @@
-"""A numpy fake backend for the engine's unit tests: no torch, no files."""
+"""A numpy fake backend for the engine's unit tests: no torch, no files. And, for the structured outputs' tests, the
+shipped model and a tiny model whose vocabulary writes JSON."""
 
 from __future__ import annotations
 
@@ -103,3 +104,30 @@ def counting_windows(monkeypatch, block_size: int = 8) -> tuple[FakeBackend, lis
     full = backend.window_logits
     monkeypatch.setattr(backend, "window_logits", lambda ids: windows.append(len(ids)) or full(ids))
     return backend, windows
+
+
+@pytest.fixture(scope="session")
+def shakespeare():
+    from gpt_serve.generation import load_backend
+
+    return load_backend("shakespeare", "onnx", threads=1)
+
+
+@pytest.fixture(scope="session")
+def json_model(tmp_path_factory):
+    """A tiny random-weights model whose vocabulary is printable ASCII and a newline: only the mask can make its
+    text valid JSON."""
+    import string
+
+    from gpt_serve import CharTokenizer
+    from gpt_serve.generation import load_backend
+    from tests.conftest import make_tiny_model
+
+    folder = tmp_path_factory.mktemp("json-model")
+    vocab = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
+    tokenizer = CharTokenizer(chars=vocab)
+    model = make_tiny_model(vocab_size=len(vocab), block_size=64)
+    model.config.vocab_sha256 = tokenizer.vocab.sha256
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return load_backend(str(folder), "torch", threads=1)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import string
 
 import numpy as np
 import pytest
 
-from gpt_serve.generation import RequestError, load_backend, parse_request
+from gpt_serve.generation import RequestError, parse_request
 from gpt_serve.generation.constraints import compile_constraint
 from gpt_serve.generation.scheduler import Scheduler
 from gpt_serve.generation.structured import check_structured_outputs
@@ -22,11 +21,6 @@ SCHEMA = {
     "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}, "ok": {"type": "boolean"}},
     "required": ["name", "age", "ok"],
 }
-
-
-@pytest.fixture(scope="module")
-def shakespeare():
-    return load_backend("shakespeare", "onnx", threads=1)
 
 
 def texts(loaded, fields: dict, n: int = 1, max_batch: int = 1) -> list[TextStream]:
@@ -145,7 +139,6 @@ def test_states_that_cannot_reach_an_accepted_text_are_pruned(shakespeare):
         ({"regex": "ab(c"}, "structured_outputs.regex: the regex is malformed or unsupported (missing ), unterminated"),
         ({"regex": "((a{100}){100}){100}"}, "structured_outputs.regex: compiling it"),
         ({"json": {"type": "nonsense"}}, "structured_outputs.json: the JSON schema is not supported"),
-        ({"grammar": 'root ::= "a"'}, "structured_outputs.grammar: grammars are not supported"),
     ],
 )
 def test_bad_or_hostile_constraints_are_refused_not_stalled(shakespeare, value, message):
@@ -268,23 +261,6 @@ def test_the_automaton_state_is_a_function_of_a_rows_generated_tokens(shakespear
 
 
 # -- a vocabulary that writes JSON --
-
-
-@pytest.fixture(scope="module")
-def json_model(tmp_path_factory):
-    """A tiny random-weights model whose vocabulary is printable ASCII and a newline: only the mask can make its
-    text valid JSON."""
-    from gpt_serve import CharTokenizer
-    from tests.conftest import make_tiny_model
-
-    folder = tmp_path_factory.mktemp("json-model")
-    vocab = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
-    tokenizer = CharTokenizer(chars=vocab)
-    model = make_tiny_model(vocab_size=len(vocab), block_size=64)
-    model.config.vocab_sha256 = tokenizer.vocab.sha256
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return load_backend(str(folder), "torch", threads=1)
 
 
 def fits(value) -> bool:

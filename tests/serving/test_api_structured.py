@@ -68,6 +68,48 @@ def test_a_chat_reply_is_one_of_the_choices(client):
         assert c.message.content in choices and c.finish_reason == "stop"
 
 
+GRAMMAR = 'start: NAME ":\\n" WORDS "."\nNAME: /[A-Z]{2,8}/\nWORDS: /[a-z ]{2,20}/\n'  # SPEAKER, in Lark
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_a_grammar_governs_every_choice_streamed_or_not(client, backend):
+    body = {"backend": backend, "structured_outputs": {"grammar": GRAMMAR}}
+    kw = dict(model="tiny", prompt="ROMEO:", max_tokens=60, n=3, seed=4, extra_body=body)
+    chunks = list(client.completions.create(**kw, stream=True))
+    texts = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in range(3)]
+    whole = client.completions.create(**kw)
+    assert [c.text for c in whole.choices] == texts
+    for c in whole.choices:
+        assert re.fullmatch(SPEAKER, c.text) and c.finish_reason == "stop", c
+
+
+def test_a_chat_reply_follows_a_grammar(client):
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Wilt thou?"}],
+        n=4,
+        seed=0,
+        max_tokens=40,
+        extra_body={"structured_outputs": {"grammar": 'root ::= ("Ay" | "No") (", my lord." | "!")'}},
+    )
+    for c in out.choices:
+        assert c.message.content in ("Ay, my lord.", "No, my lord.", "Ay!", "No!") and c.finish_reason == "stop"
+
+
+def test_a_grammar_that_runs_into_a_missing_character_is_a_422_naming_it(client):
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        client.completions.create(
+            model="tiny",
+            prompt="ROMEO:",
+            max_tokens=5,
+            extra_body={"structured_outputs": {"grammar": 'start: "a" "{"'}},
+        )
+    assert (
+        "the grammar goes on after 1 character only with characters this model's vocabulary cannot write: '{'"
+        in (e.value.body["message"])
+    )
+
+
 def test_a_json_schema_the_vocabulary_cannot_write_is_a_400_naming_the_characters(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
@@ -85,7 +127,7 @@ def test_a_json_schema_the_vocabulary_cannot_write_is_a_400_naming_the_character
     "extra, message",
     [
         ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs.regex: the regex is malformed"),
-        ({"structured_outputs": {"grammar": "start: 'a'"}}, "structured_outputs.grammar: grammars are not supported"),
+        ({"structured_outputs": {"grammar": "start: foo"}}, "grammar is malformed or unsupported: at 1(8): unknown"),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs takes exactly one of"),
         ({"response_format": {"type": "yaml"}}, "response_format must be an object whose type is one of"),
         ({"allowed_token_ids": [999]}, "allowed_token_ids holds ids outside this model's vocabulary"),
