@@ -103,12 +103,23 @@ def add_model_arguments(parser, none_named: str) -> None:
     )
 
 
+def _flag_index(flag: str, named: list[str]) -> int | None:
+    """Where `--model` is among the MODELs: the same spelling, or the NAME of a `NAME=PATH`; None when absent."""
+    for i, spec in enumerate(named):
+        if spec == flag or ("=" in spec and spec.partition("=")[0] == flag):
+            return i
+    return None
+
+
 def models_named(args) -> list[str]:
     """The models of `add_model_arguments`' flags, in order: MODEL ..., then each `--model-dir`; `--model` first
-    (moved there when it is one of them, added there when not)."""
+    (moved there when it is one of them, by its spelling or a `NAME=PATH`'s NAME; added there when not)."""
     named = [*getattr(args, "models", ()), *args.model_dir]
     flag = getattr(args, "model_flag", None)
-    return named if flag is None else [flag, *(m for m in named if m != flag)]
+    if flag is None:
+        return named
+    i = _flag_index(flag, named)
+    return [flag, *named] if i is None else [named[i], *named[:i], *named[i + 1 :]]
 
 
 def served_model_names(args) -> list[str] | None:
@@ -118,11 +129,11 @@ def served_model_names(args) -> list[str] | None:
     named = [*getattr(args, "models", ()), *args.model_dir]
     if names is None or flag is None or len(names) != len(named):  # a count that differs: `model_folders` says so
         return names
-    if flag not in named:
+    i = _flag_index(flag, named)
+    if i is None:
         raise ValueError(
             f"--model {flag!r} is not one of the MODELs that --served-model-name names: give it as a MODEL too"
         )
-    i = named.index(flag)
     return [names[i], *names[:i], *names[i + 1 :]]
 
 
