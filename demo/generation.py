@@ -222,12 +222,11 @@ def stream_progress(
     of it is yielded.
 
     `should_stop` is polled before the first token and after every state yielded; once it returns True the stream
-    ends with the text shown so far (the last `Progress` has `stopped=True`, whatever the loop made meanwhile) and no
-    further forward pass runs. `unk_hint`: how the caller's surface accepts characters outside the vocabulary.
-    `model`: the model to run it on (None: `request.model`; the comparison runs one request on several).
+    ends with the text shown so far (the last `Progress` has `stopped=True`) and no further forward pass runs.
+    `unk_hint`: how the caller's surface accepts characters outside the vocabulary. `model`: the model to run it on
+    (None: `request.model`; the comparison runs one request on several).
     """
-    start = clock()
-    pace = pacer(poll_interval)
+    start, pace = clock(), pacer(poll_interval)
     model = request.model if model is None else model
     loaded = registry.backend(model, request.backend)
     prompt = loaded.vocab.decode(encode_prompt(loaded.vocab, request.prompt, request.unk_policy, unk_hint))
@@ -238,11 +237,7 @@ def stream_progress(
     try:
         yield Progress(prompt, "", 0, None, clock() - start, 0.0, block_size=block_size)
         stopped = should_stop is not None and should_stop()
-        if not stopped:
-            try:
-                text = TextStream(registry.scheduler(model, request.backend), loaded.vocab, request)
-            except ServerBusy as e:
-                raise RequestError(str(e)) from None
+        text = None if stopped else _submit(registry, model, loaded.vocab, request)
         while text is not None and not stopped and (piece := text.take()) is not None:
             pause = pace()
             # without a pace, a state per token (a piece holds the tokens made since the last look); with one, the
@@ -270,6 +265,14 @@ def stream_progress(
         if text is not None:
             text.cancel()  # the row leaves the batch before the next step (a no-op once finished)
         activity.end()
+
+
+def _submit(registry: ModelRegistry, model: str, vocab, request: GenerationRequest) -> TextStream:
+    """The request's `TextStream` on `model`'s scheduler; a full queue is the demo's RequestError (a status line)."""
+    try:
+        return TextStream(registry.scheduler(model, request.backend), vocab, request)
+    except ServerBusy as e:
+        raise RequestError(str(e)) from None
 
 
 def throttle(

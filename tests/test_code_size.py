@@ -36,14 +36,8 @@ def long_files(paths, root: Path = ROOT, most: int = MAX_FILE_LINES) -> list[tup
     return [(name, n) for name, n in counts if n > most]
 
 
-# Over the bound today, in a file another change of issue 41 is rewriting (the demo's request parsing): checked
-# again once it lands.
-NOT_YET = {"demo/generation.py stream_progress"}
-
-
 def test_no_application_function_is_over_60_lines():
     found = [item for path in python_files() for item in long_functions(path)]
-    found = [(name, n) for name, n in found if f"{name.split(':')[0]} {name.split()[-1]}" not in NOT_YET]
     assert not found, f"functions over {MAX_FUNCTION_LINES} lines: {found}"
 
 

@@ -3,9 +3,11 @@ bad input, and the CLI."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -262,7 +264,10 @@ def test_a_second_ctrl_c_cuts_the_apis_streams_and_the_demo_still_drains(models_
     cmd = [sys.executable, "-m", "demo", "--models-root", str(models_root), "--model", "tiny", "--port", str(port)]
     cmd += ["--shutdown-timeout", "60", "--no-preload", "--max-new-tokens-limit", "100000"]  # a long stream
     with open(log, "w") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        # Ctrl-C as a terminal sends it: a suite started in the background (`make test &`, a CI runner) ignores
+        # SIGINT, and a child would inherit that and rightly keep ignoring it
+        restore = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=restore)
     try:
         assert wait_until(lambda: "demo: ready" in log.read_text() or process.poll() is not None, 60, 0.1)
         long = {"model": "tiny", "prompt": "A", "max_tokens": 100_000, "window_mode": "exact", "stream": True}
@@ -270,7 +275,8 @@ def test_a_second_ctrl_c_cuts_the_apis_streams_and_the_demo_still_drains(models_
             chunks = response.iter_text()
             text = next(chunks)
             process.send_signal(signal.SIGINT)
-            assert wait_until(lambda: "demo: stopping" in log.read_text(), 10), log.read_text()[-2000:]
+            stopping = wait_until(lambda: "demo: stopping" in log.read_text(), 30)
+            assert stopping, log.read_text()[-2000:] + thread_stacks(process.pid)
             process.send_signal(signal.SIGINT)
             text += "".join(chunks)
         assert text.endswith("data: [DONE]\n\n") and '"finish_reason": "abort"' in text[-400:], text[-400:]
@@ -279,6 +285,16 @@ def test_a_second_ctrl_c_cuts_the_apis_streams_and_the_demo_still_drains(models_
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def thread_stacks(pid: int) -> str:
+    """Every thread's Python stack in process `pid` (py-spy, where it can attach), to say where a test's server hung."""
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    try:
+        dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20)
+        return "\n" + dump.stdout + dump.stderr
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"\n(no stacks: {e})"
 
 
 @pytest.mark.parametrize(
