@@ -12,14 +12,17 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..chargpt.window import DEFAULT_WINDOW_MODE, window_keep
+from ..chargpt.window import DEFAULT_WINDOW_MODE, WINDOW_MODES, window_keep
 from .backends.interface import check_token_ids
-from .fields import check_value
+from .fields import RequestError, check_value
 from .sampling import SamplingParams
 from .token_logprobs import TokenLogprobs
+
+if TYPE_CHECKING:
+    from .spec import GenerationRequest
 
 
 class StreamOwner(Protocol):
@@ -47,7 +50,10 @@ class EngineError(RuntimeError):
 
 @dataclass(frozen=True)
 class Request:
-    """What to generate: prompt ids (non-empty), how many tokens, how to sample, and the window past block_size."""
+    """What to generate: prompt ids (non-empty), how many tokens, how to sample, and the window past block_size.
+
+    A surface's checked `GenerationRequest` becomes one with `Request.of`; a library caller builds one directly,
+    `Request(prompt_ids, 200, SamplingParams(0.8), seed=1)`."""
 
     prompt_ids: Sequence[int]
     max_new_tokens: int
@@ -62,6 +68,16 @@ class Request:
     constraint: Any = None
     logit_bias: Sequence[tuple[int, float]] = ()
 
+    @classmethod
+    def of(cls, spec: GenerationRequest, prompt_ids: Sequence[int], **own: Any) -> Request:
+        """The request of the checked `spec` for one prompt: every field this class shares by name with `spec` is
+        `spec`'s, held as it is (its `sampling` too), so a field added to both reaches the row with nothing else
+        to write; `own` are what `spec` does not say (`seed` of this choice, `constraint` compiled for this
+        vocabulary, `stop_token_ids`) or says otherwise (`logprobs` a ranking needs)."""
+        names = {f.name for f in fields(cls)}
+        shared = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name in names}
+        return cls(prompt_ids, **{**shared, **own})
+
 
 def check_prompt_ids(ids: Sequence[int], vocab_size: int, name: str = "the prompt") -> None:
     """A ValueError unless `ids` is a non-empty sequence of ids in [0, vocab_size)."""
@@ -72,7 +88,8 @@ def check_prompt_ids(ids: Sequence[int], vocab_size: int, name: str = "the promp
 
 def check_request(request: Request, block_size: int, vocab_size: int) -> None:
     """A ValueError (a TypeError for a wrong type) naming what `request` gets wrong for a model of `block_size`
-    positions and `vocab_size` ids."""
+    positions and `vocab_size` ids: a `RequestError` naming the field where a checked `GenerationRequest` can still
+    be wrong for this model (its window, its logit_bias ids)."""
     if not isinstance(request, Request):
         raise TypeError(f"submit takes a Request, got {type(request).__name__}")
     check_value("max_new_tokens", request.max_new_tokens)
@@ -81,13 +98,20 @@ def check_request(request: Request, block_size: int, vocab_size: int) -> None:
         check_value("seed", request.seed)
     if not isinstance(request.sampling, SamplingParams):
         raise TypeError(f"sampling must be a SamplingParams, got {type(request.sampling).__name__}")
-    window_keep(block_size, request.window_mode, request.refill_tokens)  # raises for a bad window
+    try:
+        window_keep(block_size, request.window_mode, request.refill_tokens)
+    except ValueError as e:
+        field_name = "refill_tokens" if request.window_mode in WINDOW_MODES else "window_mode"
+        raise RequestError(str(e), field_name) from None
     if request.logprobs is not None:
         check_value("logprobs", request.logprobs)
     if request.constraint is not None and getattr(request.constraint, "vocab_size", None) != vocab_size:
         raise ValueError(f"constraint must be a CharAutomaton of this model's vocabulary of {vocab_size} ids")
     if request.logit_bias:
-        check_token_ids([t for t, _ in request.logit_bias], vocab_size, "logit_bias")
+        try:
+            check_token_ids([t for t, _ in request.logit_bias], vocab_size, "logit_bias")
+        except ValueError as e:
+            raise RequestError(str(e), "logit_bias") from None
 
 
 _DONE = object()

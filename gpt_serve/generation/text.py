@@ -10,7 +10,6 @@ only its errors (`RequestError`, `ServerBusy`) to its own wire format.
 
 from __future__ import annotations
 
-from .backends.interface import check_token_ids
 from .constraints import compile_constraint
 from .fields import RequestError
 from .requests import EngineError, Request, Stream
@@ -60,7 +59,8 @@ class TextStream:
             constraint's text may be followed by it.
         ranked: keep each token's logprob even if the request asks none (best_of ranks choices by them).
 
-    Raises `RequestError` for a prompt the vocabulary cannot encode and `ServerBusy` when the scheduler's queue is
+    Raises `RequestError` for a prompt the vocabulary cannot encode or a request this model cannot take (a
+    constraint, logit_bias ids or a refill_tokens past its window) and `ServerBusy` when the scheduler's queue is
     full; nothing is submitted then.
     """
 
@@ -83,23 +83,11 @@ class TextStream:
         constraint = request.constraint.ending(end) if end and request.constraint else request.constraint
         # structured outputs: compiled for this vocabulary (cached; a RequestError names what is wrong)
         self.automaton = compile_constraint(constraint, vocab.chars, request.allowed_token_ids)
-        try:
-            check_token_ids([t for t, _ in request.logit_bias], len(vocab.chars), "logit_bias")
-        except ValueError as e:
-            raise RequestError(str(e), "logit_bias") from None
         logprobs = 0 if ranked and request.logprobs is None else request.logprobs
-        submitted = Request(
-            self.prompt_ids,
-            request.max_new_tokens,
-            request.sampling,
-            request.seed_for(index),
-            request.window_mode,
-            request.refill_tokens,
-            logprobs=logprobs,
-            constraint=self.automaton,
-            logit_bias=request.logit_bias,
-        )
-        self.stream: Stream = scheduler.submit(submitted)
+        own = dict(seed=request.seed_for(index), logprobs=logprobs, constraint=self.automaton)
+        # the engine's request: `request`'s own fields as they are, then this choice's (a RequestError names the
+        # field this model cannot take: its window, its logit_bias ids)
+        self.stream: Stream = scheduler.submit(Request.of(request, self.prompt_ids, **own))
         self.text = ""  # the text so far, cut at a stop string
         self.tokens = 0  # tokens that made the text (a stop string's included)
         self.finish_reason: str | None = None  # "stop" (a stop string), "length" or `cancel`'s reason once done

@@ -54,13 +54,12 @@ def error_body(e: APIError) -> dict:
 
 @dataclass(frozen=True)
 class Job:
-    """A checked completions or chat request: its prompts, how many choices each, and the generation request they
-    share, held as it is (`request.prompt` is the first prompt; `prompts` are all of them, as text or token ids);
-    `end` ends each choice's text as a stop string does (a chat's reply is one speech)."""
+    """A checked completions or chat request: OpenAI's own fields beside the generation request its choices share,
+    held as it is (`request.prompt` is the first prompt; `prompts` are all of them, as text or token ids); `end`
+    ends each choice's text as a stop string does (a chat's reply is one speech). The model, the backend and the
+    logprobs are the request's: `model`, `backend` and `logprobs` read them there."""
 
     kind: str  # "completion" or "chat"
-    model: str
-    backend: str
     prompts: list  # str, or a list of token ids
     request: GenerationRequest
     stream: bool
@@ -68,8 +67,20 @@ class Job:
     n: int = 1
     best_of: int = 1
     echo: bool = False
-    logprobs: int | None = None  # top logprobs per token (None: no logprobs object)
     end: str = ""
+
+    @property
+    def model(self) -> str:
+        return self.request.model
+
+    @property
+    def backend(self) -> str:
+        return self.request.backend
+
+    @property
+    def logprobs(self) -> int | None:
+        """Top logprobs per token (None: no logprobs object)."""
+        return self.request.logprobs
 
 
 def _choices(body: dict, name: str, default: int) -> int:
@@ -111,9 +122,14 @@ def _common(body: Any, registry: ModelRegistry, wire: tuple[str, ...]) -> tuple[
     return model, {k: v for k, v in body.items() if k not in known}
 
 
-def _parse_fields(fields: dict, prompt: str, max_tokens_limit: int | None, defaults: dict) -> GenerationRequest:
+def _parse_fields(fields: dict, prompt: str, model: str, limits: tuple[int | None, str, dict]) -> GenerationRequest:
+    """The generation request of a body's generation `fields`, its `prompt` and `model`; `limits`: the server's
+    cap of max_tokens, its default backend and the model folder's defaults."""
+    max_tokens_limit, default_backend, defaults = limits
     try:
-        return parse_request({**fields, "prompt": prompt}, max_tokens_limit, defaults)
+        return parse_request(
+            {**fields, "prompt": prompt, "model": model}, max_tokens_limit, {"backend": default_backend, **defaults}
+        )
     except RequestError as e:
         raise APIError(400, str(e), e.field) from None
 
@@ -169,12 +185,10 @@ def parse_completion(
         raise APIError(400, "echo cannot stream here: send it with stream: false (or leave echo out)", "echo")
     _check_prompts(prompts, best_of)
     first = prompts[0] if isinstance(prompts[0], str) else ""  # token ids are checked against the model's vocabulary
-    defaults = _folder(registry.generation_defaults, model)
-    request = _parse_fields({**fields, "logprobs": body.get("logprobs")}, first, max_tokens_limit, defaults)
+    limits = (max_tokens_limit, default_backend, _folder(registry.generation_defaults, model))
+    request = _parse_fields({**fields, "logprobs": body.get("logprobs")}, first, model, limits)
     return Job(
         kind="completion",
-        model=model,
-        backend=request.backend or default_backend,
         prompts=prompts,
         request=request,
         stream=stream,
@@ -182,7 +196,6 @@ def parse_completion(
         n=n,
         best_of=best_of,
         echo=echo,
-        logprobs=request.logprobs,
     )
 
 
@@ -249,19 +262,16 @@ def parse_chat(body: Any, registry: ModelRegistry, default_backend: str, max_tok
     top = _top_logprobs(body.get("top_logprobs"), logprobs)
     n = _choices(body, "n", 1)
     _check_prompts([prompt], n)
-    defaults = _folder(registry.generation_defaults, model)
-    request = _parse_fields({**fields, "logprobs": top if logprobs else None}, prompt, max_tokens_limit, defaults)
+    limits = (max_tokens_limit, default_backend, _folder(registry.generation_defaults, model))
+    request = _parse_fields({**fields, "logprobs": top if logprobs else None}, prompt, model, limits)
     return Job(
         kind="chat",
-        model=model,
-        backend=request.backend or default_backend,
         prompts=[prompt],
         request=request,
         stream=stream,
         include_usage=_stream_options(body, stream),
         n=n,
         best_of=n,
-        logprobs=request.logprobs,
         end=chat.END_OF_SPEECH,  # the reply is one speech (a constraint's text, then the end of the speech)
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,10 @@ import pytest
 from gpt_serve.generation import SamplingParams, generate_tokens
 from gpt_serve.generation.backends.onnx_backend import OnnxBackend
 from gpt_serve.generation.backends.torch_backend import TorchBackend
+from gpt_serve.generation.fields import RequestError
 from gpt_serve.generation.requests import Request, ServerBusy
 from gpt_serve.generation.scheduler import Scheduler
+from gpt_serve.generation.spec import GenerationRequest
 from tests.conftest import make_tiny_model
 from tests.helpers import wait_until
 
@@ -139,6 +142,39 @@ def test_bad_requests_are_named(request_, error, message):
             scheduler.submit(request_)
     finally:
         scheduler.close()
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (Request([1], 5, window_mode="slide"), "window_mode"),
+        (Request([1], 5, window_mode="refill", refill_tokens=16), "refill_tokens"),
+        (Request([1], 5, logit_bias=((99, 1.0),)), "logit_bias"),
+    ],
+)
+def test_what_a_checked_request_can_still_get_wrong_for_a_model_names_its_field(request_, field):
+    """A `GenerationRequest` cannot know the model's window or vocabulary: the engine's check names the field, so
+    every surface answers it as the request's own error (the API's 400)."""
+    scheduler = Scheduler(TorchBackend(make_tiny_model()))
+    try:
+        with pytest.raises(RequestError) as e:
+            scheduler.submit(request_)
+        assert e.value.field == field
+    finally:
+        scheduler.close()
+
+
+def test_the_engines_request_of_a_checked_request_holds_its_fields_as_they_are():
+    spec = GenerationRequest("ab", 7, temperature=0.5, seed=3, window_mode="refill", refill_tokens=4, logprobs=2,
+                             logit_bias={1: 5.0}, structured_outputs={"regex": "a+"})  # fmt: skip
+    request = Request.of(spec, [1, 2], seed=spec.seed_for(1))
+    shared = {f.name for f in fields(Request)} & {f.name for f in fields(GenerationRequest)}
+    assert {"max_new_tokens", "sampling", "window_mode", "refill_tokens", "logprobs", "logit_bias"} <= shared
+    for name in shared - {"seed"}:  # every field the two share is the checked request's, by reference
+        assert getattr(request, name) is getattr(spec, name), name
+    assert request.prompt_ids == [1, 2] and request.seed == 4
+    assert request.constraint is None  # the request's constraint is compiled for a vocabulary by its caller
+    assert Request.of(spec, [1], logprobs=0).logprobs == 0  # what the caller gives replaces the request's
 
 
 def test_wait_returns_when_the_request_ends_however_it_ends():
@@ -326,7 +362,9 @@ def test_a_process_that_exits_while_its_models_decode_exits_cleanly():
 from gpt_serve.generation.requests import Request
 from gpt_serve.generation.runner import torch_runner
 from gpt_serve.generation.scheduler import Scheduler
+from gpt_serve.generation.spec import GenerationRequest
 from gpt_serve.generation.backends.torch_backend import TorchBackend
+from gpt_serve.generation.fields import RequestError
 from tests.conftest import make_tiny_model
 runner = torch_runner()
 scheduler = Scheduler(runner.call(lambda: TorchBackend(make_tiny_model())), runner=runner)

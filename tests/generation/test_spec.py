@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import pytest
 
@@ -162,3 +163,10 @@ def test_a_replaced_request_is_a_new_checked_one():
         dataclasses.replace(r, stop=("a",) * 5)
     with pytest.raises(RequestError, match="give sampling or its fields"):  # never the old sampler, silently
         dataclasses.replace(r, temperature=1.0)
+
+
+def test_the_checked_request_has_a_field_for_each_row_of_the_table_and_no_other():
+    """A new request field is a row of `FIELDS` (its range, its doc, its aliases) and an attribute of
+    `GenerationRequest` (its type): the two stay one list, so no attribute goes unchecked."""
+    names = [f.name for f in fields(GenerationRequest)]
+    assert names == [f.name for f in FIELDS] + ["sampling", "seed_was_random"]

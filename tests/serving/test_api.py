@@ -108,6 +108,7 @@ def test_a_stop_sequence_ends_the_text_before_it(api):
         (dict(logprobs=21), "logprobs must be an integer in [0, 20], got 21"),
         (dict(prompt=[1, 2, 999]), "prompt holds ids [999] outside the vocabulary [0, 64]"),
         (dict(logit_bias={"1": 500}), "logit_bias must map token ids to numbers in [-100, 100]"),
+        (dict(extra_body={"refill_tokens": 16}), "refill_tokens must be an integer in [1, block_size - 1] = [1, 15]"),
     ],
 )
 def test_bad_requests_get_a_400_naming_the_problem(api, kwargs, message):
