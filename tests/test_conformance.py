@@ -41,6 +41,12 @@ SHAKESPEARE = (
 )  # 124 characters: a few tokens more pass block_size 128
 
 
+# OpenAI's upper bounds of temperature and top_k hold what a user sends (every surface that parses a request); the
+# library's `SamplingParams` meets only the engine's own bounds and takes past them
+# (tests/generation/test_inline.py::test_the_engine_takes_what_only_the_wire_refuses)
+WIRE_ONLY = ("library",)
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -94,6 +100,7 @@ CASES = [
         "temperature past its edge",
         dict(prompt="ROMEO:", temperature=2.5),
         refusal="temperature must be a number in [0, 2] (0 = greedy), got 2.5",
+        surfaces_without=WIRE_ONLY,
     ),
     Case("max_new_tokens at its edge", dict(prompt="ROMEO:", temperature=0, max_new_tokens=1)),
     Case(
@@ -108,6 +115,7 @@ CASES = [
         "top_k past its edge",
         dict(prompt="ROMEO:", top_k=1_000_001),
         refusal="top_k must be an integer in [0, 1000000] (0 = no limit), got 1000001",
+        surfaces_without=WIRE_ONLY,
     ),
     Case("a prompt at its limit", dict(prompt=("ROMEO: " * 1500)[:10_000], **G)),
     Case(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..chargpt.vocab import UNK_POLICIES
@@ -138,6 +138,21 @@ def check_value(name: str, value: Any, hi: float | None = None) -> Any:
     if not isinstance(value, str) or not value.strip():  # a model name, resolved by the server's registry
         raise RequestError(f"{name} must be a model name, got {show_value(value)}", name)
     return value.strip()
+
+
+# The sampler's fields that the engine bounds more widely than OpenAI's wire does (its upper bound lifted): a library
+# caller may sample hotter, keep more tokens or penalize repeats harder than an API request may ask.
+ENGINE_UNBOUNDED = ("temperature", "top_k", "repetition_penalty")
+
+
+def check_engine_value(name: str, value: Any) -> int | float:
+    """A sampler field's value against the engine's own bounds (`SamplingParams`): the table's, with the upper bound
+    of `ENGINE_UNBOUNDED` lifted (a finite number still; a repetition_penalty below 0.01 still overflows the
+    logits); RequestError naming the field otherwise."""
+    f = FIELDS_BY_NAME[name]
+    if name in ENGINE_UNBOUNDED:
+        f = replace(f, hi=None)
+    return _check_number(f, value, f.hi)
 
 
 def resolve_backend(value: Any) -> str:

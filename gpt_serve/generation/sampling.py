@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fields import check_value
+from .fields import check_engine_value
 
 # A temperature below this samples greedily, as vLLM's does: dividing by 1e-320 overflows the logits to inf and their
 # softmax to NaN. Below it the draw is the argmax anyway, but for logits closer than ~1e-4 (docs/generation.md).
@@ -34,8 +34,9 @@ class SamplingParams:
         frequency_penalty: subtracted once per occurrence in the generated text (OpenAI's rule), 0 off.
         min_p: drop tokens whose probability is below `min_p` times the most likely one's, 0 off.
 
-    The accepted ranges are the request table's (`gpt_serve.generation.fields.FIELDS`); a value outside
-    them raises its `RequestError` (a ValueError).
+    The accepted ranges are the engine's own (`fields.check_engine_value`): the request table's, without the upper
+    bounds of temperature, top_k and repetition_penalty that OpenAI's wire sets (a request is held to those when
+    it is parsed, `spec.GenerationRequest`); a value outside them raises its `RequestError` (a ValueError).
     """
 
     temperature: float = 1.0
@@ -48,9 +49,9 @@ class SamplingParams:
 
     def __post_init__(self):
         for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_p"):
-            object.__setattr__(self, name, check_value(name, getattr(self, name)))
+            object.__setattr__(self, name, check_engine_value(name, getattr(self, name)))
         if self.top_k is not None:
-            object.__setattr__(self, "top_k", check_value("top_k", self.top_k))
+            object.__setattr__(self, "top_k", check_engine_value("top_k", self.top_k))
 
     @property
     def greedy(self) -> bool:

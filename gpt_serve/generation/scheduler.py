@@ -8,46 +8,15 @@ run on it.
         ...
     scheduler.close()
 
-Iteration-level scheduling, as serving engines do it: between two decode steps, waiting requests are prefilled and
-join the batch, and finished, stopped or cancelled requests leave it. A decode step runs one token for every row in
-one forward pass (`backend.new_batch()`, a `DecodeBatch` that keeps the rows' KV caches the backend's way).
+Between two decode steps, waiting requests are prefilled and join the batch and finished ones leave it, within a
+budget of forward work per iteration shared by the decode step, the prefills and prompt scoring; the `n` choices of
+a prompt share one prefill (`DecodeBatch.fork`); a row that has had its share while others wait is preempted and
+later rejoins with exactly the tokens it would have made; a request's failure is its own; its tokens depend only on
+its own seed, settings and window. docs/serving.md ("Many streams at once") explains each rule and its knobs.
 
-Every iteration has a budget of `max_tokens_per_step` tokens of forward work, shared, in this order, by the decode
-step (one token per row), the prefills of waiting requests (FIFO; a prefill is one window, at most `block_size`
-tokens; requests whose windows have the same length are prefilled together, in one forward pass, and rows whose
-windows are the same, as the `n` choices of a prompt, share one prefill: one is prefilled, the others fork its KV
-cache, `DecodeBatch.fork`, and go on with the tokens they would make prefilled alone) and prompt scoring
-(`score`: a prompt's own logprobs, `echo`, in chunks of full windows). Each of them gets at least one unit per
-iteration, so none starves; none runs unbounded, so a long prompt to score or a burst of arrivals delays the others
-by a few steps, not by its whole cost. While rows decode or requests wait, scoring gets at most
-`max_scoring_tokens_per_step` of it (one chunk), so the decode steps keep their pace beside a flood of scoring; alone,
-it takes the whole budget, but a request that arrives meanwhile stops it after the chunk at hand.
-
-Fair sharing of the rows (preemption by recompute, as vLLM preempts for memory): while requests wait for a row and
-none is free, a row that has made `preempt_after` tokens since it joined leaves the batch, its KV cache dropped, and
-waits last in the queue; when its turn comes it rejoins by prefilling its window, and goes on with exactly the
-tokens it would have made (its `Row`, RNG included, is kept). So a waiting request gets a row within about
-`preempt_after` decode steps per `max_batch` requests ahead of it, whatever the others' `max_tokens`.
-
-A request's failure is its own: the output side of a step (`rows.next_tokens`: penalties, filters, sampling,
-logprobs) runs every row inside its own error boundary, and so do a row's prefill, its window's refill and its
-scoring; such a request ends with an `EngineError`, and its neighbours get exactly the tokens they would have had.
-Only a decode step that fails as a whole (a broken backend) ends every running request.
-
-A request's tokens do not depend on what else runs: each has its own RNG (its seed), its own sampling settings and
-its own window (`gpt_serve.chargpt.window`). A row's window is its own tokens only (padding never counts against it):
-when
-it outgrows `block_size`, a `"refill"` row is prefilled again from its last `refill_tokens` tokens and rejoins; an
-`"exact"` row leaves the batch for a full-window forward per token (the lesson's semantics), run for all such rows
-together in their own forward pass, a few rows per step (`max_recompute_per_step`), so that they never hold the
-others up for long. The queue is bounded: past `max_queue` waiting requests `submit` raises `ServerBusy`.
-
-The loop runs on a `Runner`'s thread (`runner`), or, with an `InlineRunner`, on the thread that reads its streams.
-Requests and streams are in `requests`; a stream is read with `take()` from any thread, or with
-`await stream.atake()` on an asyncio event loop. The scheduler meets them, and its runner, only through their public
-sides (`Stream.put`/`finish`, `StreamOwner`; `runner.Loop`). It decides who runs; what runs is below it: the running
-batch and the exact-mode rows (`batch`), the queue (`waiting`), the scoring chunks (`logprobs.ScoringQueue`) and the
-output side of a step (`rows.next_tokens`).
+It decides who runs; what runs is below it: the running batch and the exact-mode rows (`batch`), the queue
+(`waiting`), the scoring chunks (`logprobs.ScoringQueue`), the output side of a step (`rows.next_tokens`), and the
+thread it runs on (`runner`; an `InlineRunner` steps it on the thread that reads its streams).
 """
 
 from __future__ import annotations

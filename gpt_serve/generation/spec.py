@@ -117,10 +117,12 @@ class GenerationRequest:
         object.__setattr__(self, "seed_was_random", random_seed or self.seed_was_random)
 
     def _set_sampling(self) -> None:
-        """`sampling` from the sampling fields (its constructor checks them), or the fields from a given `sampling`."""
+        """`sampling` from the sampling fields (checked against the table, OpenAI's ranges), or the fields from a given
+        `sampling` (a library caller's, held to the engine's own bounds by its constructor)."""
         given = {name: getattr(self, name) for name in SAMPLING_FIELDS if getattr(self, name) is not None}
         sampling = self.sampling
-        if sampling is None:
+        if sampling is None:  # the fields a user sent: OpenAI's ranges (a given SamplingParams: the engine's own)
+            given = {name: check_value(name, value) for name, value in given.items()}
             sampling = SamplingParams(**{**given, "top_k": given.get("top_k") or None})
             object.__setattr__(self, "sampling", sampling)
         elif not isinstance(sampling, SamplingParams):

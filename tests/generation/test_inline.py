@@ -6,8 +6,10 @@ import torch
 from lesson_reference import full_recompute_generate
 
 from gpt_serve.generation.backends.torch_backend import TorchBackend
+from gpt_serve.generation.fields import RequestError
 from gpt_serve.generation.inline import generate_text, generate_tokens, stream_text
 from gpt_serve.generation.sampling import SamplingParams
+from gpt_serve.generation.spec import GenerationRequest, parse_request
 from tests.sampler import sample_next
 
 GREEDY = SamplingParams(temperature=0)
@@ -116,17 +118,32 @@ def test_unknown_characters_in_prompt(tiny_model, tokenizer):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(temperature=-0.5), r"temperature must be a number in \[0, 2\] \(0 = greedy\), got -0.5"),
-        (dict(temperature=float("nan")), r"temperature must be a number in \[0, 2\]"),
+        (dict(temperature=-0.5), r"temperature must be a number in \[0, inf\) \(0 = greedy\), got -0.5"),
+        (dict(temperature=float("nan")), r"temperature must be a number in \[0, inf\)"),
+        (dict(temperature=float("inf")), r"temperature must be a number in \[0, inf\)"),
         (dict(top_p=0.0), r"top_p must be a number in \(0, 1\], got 0"),
         (dict(top_p=1.5), r"top_p must be a number in \(0, 1\]"),
-        (dict(top_k=-3), r"top_k must be an integer in \[0, 1000000\] \(0 = no limit\), got -3"),
-        (dict(repetition_penalty=0), r"repetition_penalty must be a number in \[0.01, 10\]"),
+        (dict(top_k=-3), r"top_k must be an integer in \[0, inf\) \(0 = no limit\), got -3"),
+        (dict(repetition_penalty=0), r"repetition_penalty must be a number in \[0.01, inf\)"),
+        (dict(presence_penalty=2.5), r"presence_penalty must be a number in \[-2, 2\]"),
     ],
 )
 def test_bad_sampling_params_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_the_engine_takes_what_only_the_wire_refuses():
+    """The engine's bounds are its own: a library caller may sample at temperature 2.5 (top_k 2,000,000, a
+    repetition_penalty of 20); a request parsed from what a user sent is held to OpenAI's ranges."""
+    hot = SamplingParams(temperature=2.5, top_k=2_000_000, repetition_penalty=20.0)
+    assert (hot.temperature, hot.top_k, hot.repetition_penalty) == (2.5, 2_000_000, 20.0)
+    assert GenerationRequest("ROMEO:", 5, sampling=hot).sampling is hot
+    for field, value in (("temperature", 2.5), ("top_k", 2_000_000), ("repetition_penalty", 20.0)):
+        with pytest.raises(RequestError, match=rf"{field} must be (a number|an integer) in \[[0-9.]+, [0-9]+\]"):
+            GenerationRequest("ROMEO:", 5, **{field: value})
+        with pytest.raises(RequestError, match=field):
+            parse_request({"prompt": "ROMEO:", field: value})
 
 
 @pytest.mark.parametrize(

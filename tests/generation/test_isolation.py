@@ -289,16 +289,18 @@ def test_arrivals_are_prefilled_together_within_the_budget():
 
 
 def test_a_request_is_checked_once_and_held_by_reference(monkeypatch):
-    """One `temperature` check for a request, however many choices it has and whatever front end adds to it (the
-    chat's end of speech, given beside the request): every choice and every row hold its one `SamplingParams`."""
+    """One `temperature` check for a request against OpenAI's ranges (the wire's) and one against the engine's own
+    bounds (its `SamplingParams`), however many choices it has and whatever front end adds to it (the chat's end of
+    speech, given beside the request): every choice and every row hold its one `SamplingParams`."""
     from gpt_serve.chargpt.vocab import CharVocab
     from gpt_serve.generation import sampling, spec
 
-    checks = []
-    check_value = spec.check_value
+    checks, engine_checks = [], []
+    check_value, check_engine_value = spec.check_value, sampling.check_engine_value
     counted = lambda name, *a, **k: checks.append(name) or check_value(name, *a, **k)  # noqa: E731
+    engine = lambda name, *a, **k: engine_checks.append(name) or check_engine_value(name, *a, **k)  # noqa: E731
     monkeypatch.setattr(spec, "check_value", counted)
-    monkeypatch.setattr(sampling, "check_value", counted)
+    monkeypatch.setattr(sampling, "check_engine_value", engine)
     request = parse_request({"prompt": "abc", "max_tokens": 3, "temperature": 0.7, "seed": 1})
     vocab = CharVocab([chr(97 + i) for i in range(11)])
     scheduler = Scheduler(FakeBackend(), max_batch=4)
@@ -311,7 +313,7 @@ def test_a_request_is_checked_once_and_held_by_reference(monkeypatch):
         assert request.stop == () and all(t.stops == ("\n\n",) for t in texts)  # the request itself is untouched
     finally:
         scheduler.close()
-    assert checks.count("temperature") == 1
+    assert checks.count("temperature") == 1 and engine_checks.count("temperature") == 1
 
 
 @pytest.fixture(scope="module")
