@@ -35,8 +35,9 @@ from starlette.middleware import Middleware
 from gpt_serve.generation import BACKENDS
 from gpt_serve.generation.fields import DEFAULT_BACKEND
 from gpt_serve.generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
-from gpt_serve.serving.limits import BodyLimits, ServerLimits, body_limits
+from gpt_serve.serving.http_guards import BodyLimits, body_limits
 from gpt_serve.serving.registry import ModelRegistry
+from gpt_serve.serving.server_limits import ServerLimits
 
 from .access import access_options
 from .attention import VIEW_CSS, VIEW_JS
@@ -70,7 +71,7 @@ STOP_COMPARE_JS = '(generate, compare) => ["", compare]'
 
 
 # What the server accepts and keeps for clients, bounded (every client can reach every event): request bodies as on
-# `gpt-serve serve` (`gpt_serve.serving.limits`: 1 MiB, whole within 30 s, by default); no file input exists, so an
+# `gpt-serve serve` (`gpt_serve.serving.http_guards`: 1 MiB, whole within 30 s, by default); no file input exists, so an
 # upload is refused past a few kB; Gradio keeps about 1 MB per page session (a copy of the page's config), so at most
 # 64 sessions are kept, the oldest evicted first (an evicted page keeps working; its attention view's layer selector
 # forgets the last prompt).

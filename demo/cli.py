@@ -248,7 +248,7 @@ def mount_api(app, registry, default_backend: str, max_tokens_limit: int, **acce
     installed."""
     try:
         from gpt_serve.serving.api import create_router
-        from gpt_serve.serving.limits import Drain
+        from gpt_serve.serving.launcher import Drain
     except ImportError as e:
         print(f"demo: no OpenAI-compatible API ({e}; pip install 'gpt-serve[serve]')", file=sys.stderr)
         return None
@@ -372,7 +372,7 @@ def _launch(demo, args, options: dict, limits) -> bool:
     except OSError as e:
         print(f"demo: error: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
         return False
-    from gpt_serve.serving.limits import close_slow_headers
+    from gpt_serve.serving.launcher import close_slow_headers
 
     close_slow_headers(demo.server, limits.header_timeout)
     return True

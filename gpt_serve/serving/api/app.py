@@ -9,10 +9,12 @@ from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 
 from ...generation.fields import DEFAULT_BACKEND
-from ..limits import BodyLimits, Drain, KeyGate, ServerLimits, body_limits, open_paths
+from ..http_guards import BodyLimits, KeyGate, body_limits, open_paths
+from ..launcher import Drain
 from ..metrics import Metrics
 from ..registry import ModelRegistry
 from ..request_caps import RequestCaps
+from ..server_limits import ServerLimits
 from . import completions, errors, health, models, tokens
 from .access import guarded_route, preflight_router
 from .errors import add_error_handlers
@@ -34,8 +36,8 @@ def create_router(
     caps: RequestCaps | None = None,
 ) -> APIRouter:
     """The API's routes over `registry` (see the package docstring); `drain` holds the open requests, for the
-    server's shutdown (`gpt_serve.serving.limits`); `caps` bound what one request may ask in all. With `api_key`,
-    every route but those of `limits.open_paths` (and the CORS preflights) needs it."""
+    server's shutdown (`gpt_serve.serving.launcher`); `caps` bound what one request may ask in all. With `api_key`,
+    every route but those of `http_guards.open_paths` (and the CORS preflights) needs it."""
     state = APIState(registry, Metrics(registry), drain or Drain(), default_backend, max_tokens_limit,
                      tuple(allow_origins), caps or RequestCaps())  # fmt: skip
     router = APIRouter(route_class=guarded_route(state, api_key))
