@@ -289,7 +289,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _setup(args)
     from .app import build_demo, launch_options
-    from .generation import Limits
 
     try:
         registry = demo_registry(args)
@@ -310,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         registry,
         default_model=default_model,
         default_backend=args.backend,
-        limits=Limits(max_new_tokens=args.max_tokens_limit),
+        max_tokens_limit=args.max_tokens_limit,
         stream_interval=args.stream_interval,
         max_updates_per_second=args.max_updates_per_second or None,
         concurrency=args.concurrency,
