@@ -183,17 +183,17 @@ def demo_registry(args):
     from gpt_serve.serving.registry import ModelRegistry
 
     named, served = models_named(args) if _positional_models(args) else [], served_model_names(args)
-    limits = dict(
+    options = dict(
         threads=args.threads,
         max_batch=args.concurrency,
         generation_config=args.generation_config,
         preempt_after=preempt_after(args),
     )
     if named or served is not None:
-        return ModelRegistry.serving(named, served, args.models_root, **limits)
+        return ModelRegistry.serving(named, served, args.models_root, **options)
     root = args.models_root if args.models_root is not None else MODELS_DIR
     extra = [args.model_flag] if args.model_flag is not None and is_model_folder(args.model_flag) else []
-    return ModelRegistry.discover(extra, root, **limits)
+    return ModelRegistry.discover(extra, root, **options)
 
 
 def _positional_models(args) -> bool:

@@ -3,7 +3,7 @@ the CORS headers, and the answer to a browser's CORS preflight.
 
 Both live in the routes themselves, not in a middleware, so both hold wherever the router is mounted: `gpt-serve
 serve`'s app, or the demo's, which has started before the API is added to it. (`gpt-serve serve`'s app adds
-`limits.KeyGate` too, which refuses a request without the key before its body is read.)
+`http_guards.KeyGate` too, which refuses a request without the key before its body is read.)
 """
 
 from __future__ import annotations

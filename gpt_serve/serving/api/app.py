@@ -68,7 +68,7 @@ def create_app(
 
     `replica_id` (set by `gpt_serve.serving.ray_serve` for each replica) is sent back in an `x-gpt-serve-replica`
     header on every answer; without it the answers carry no such header. `limits` bound the request bodies
-    (`BodyLimits`); `app.state.drain` holds the open requests, for `limits.run_server`'s shutdown. `router_options`
+    (`BodyLimits`); `app.state.drain` holds the open requests, for `launcher.run_server`'s shutdown. `router_options`
     are `create_router`'s (the API key, CORS origins, the max_tokens limit)."""
     limits = limits or ServerLimits()
 
