@@ -236,7 +236,8 @@ def engine_alone(args) -> list[tuple]:
     """TTFT and tokens/s of the engine called directly (what the server's loop costs without HTTP)."""
     import torch
 
-    from demo.generation import Limits, parse_form, stream_progress
+    from demo.generation import parse_form, stream_progress
+    from gpt_serve.generation.fields import MAX_NEW_TOKENS
     from gpt_serve.serving.registry import ModelRegistry
 
     torch.set_num_threads(args.threads)
@@ -261,7 +262,7 @@ def engine_alone(args) -> list[tuple]:
                 window_mode=args.window_mode,
                 unk_policy="error",
             )
-            request = parse_form(registry, Limits(), form)
+            request = parse_form(registry, MAX_NEW_TOKENS, form)
             runs.append(list(stream_progress(registry, request))[-1])
         runs = runs[1:]  # the first one loaded the backend
         rows.append(row(backend, [r.time_to_first_token for r in runs], [r.tokens_per_second for r in runs]))

@@ -9,10 +9,10 @@ nothing):
 - the OpenAI-compatible API (/v1, /tokenize, /detokenize, /version, and /metrics with `--metrics-need-key`) wants
   `Authorization: Bearer <key>`, as on `gpt-serve serve`; /health stays open;
 - a request that carries a body is refused (401) from its headers alone, before its body is read, unless it bears
-  the key or the cookie of a logged-in page (`gpt_serve.serving.limits.KeyGate`); the login form itself (its body at
-  most 4 KiB, read apart from the keyed budget) and requests without a body (GET; one with a body is a 413) are let
-  through to the routes, each of which checks its own access; `/browser/` (the model's files) needs the key or the
-  cookie;
+  the key or the cookie of a logged-in page (`gpt_serve.serving.http_guards.KeyGate`); the login form itself (its
+  body at most 4 KiB, read apart from the keyed budget) and requests without a body (GET; one with a body is a 413)
+  are let through to the routes, each of which checks its own access; `/browser/` (the model's files) needs the key
+  or the cookie;
 - the login page describes no endpoint (`NoAPIForVisitors`: Gradio's own embeds the app's API description);
 - FastAPI's own /openapi.json is turned off.
 """
@@ -24,7 +24,7 @@ import re
 
 from starlette.requests import cookie_parser
 
-from gpt_serve.serving.limits import KEYLESS_BODY_BYTES, KeyGate, open_paths
+from gpt_serve.serving.http_guards import KEYLESS_BODY_BYTES, KeyGate, open_paths
 from gpt_serve.serving.server_limits import BODY_TIMEOUT
 
 from .browser import BROWSER_PREFIX

@@ -33,10 +33,11 @@ import gradio as gr
 from starlette.middleware import Middleware
 
 from gpt_serve.generation import BACKENDS
-from gpt_serve.generation.fields import DEFAULT_BACKEND
+from gpt_serve.generation.fields import DEFAULT_BACKEND, MAX_NEW_TOKENS
 from gpt_serve.generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
-from gpt_serve.serving.limits import BodyLimits, ServerLimits, body_limits
+from gpt_serve.serving.http_guards import BodyLimits, body_limits
 from gpt_serve.serving.registry import ModelRegistry
+from gpt_serve.serving.server_limits import ServerLimits
 
 from .access import access_options
 from .attention import VIEW_CSS, VIEW_JS
@@ -45,7 +46,7 @@ from .comparison import Comparison
 from .curve import curve_update
 from .form import FORM
 from .format_control import format_control
-from .generation import Activity, Limits
+from .generation import Activity
 from .handlers import PAGE_FIELDS, SAMPLING_SLIDERS, DemoHandlers
 from .input_checks import describe_parameters, explain_bad_inputs
 
@@ -70,7 +71,7 @@ STOP_COMPARE_JS = '(generate, compare) => ["", compare]'
 
 
 # What the server accepts and keeps for clients, bounded (every client can reach every event): request bodies as on
-# `gpt-serve serve` (`gpt_serve.serving.limits`: 1 MiB, whole within 30 s, by default); no file input exists, so an
+# `gpt-serve serve` (`gpt_serve.serving.http_guards`: 1 MiB, whole within 30 s, by default); no file input exists, so an
 # upload is refused past a few kB; Gradio keeps about 1 MB per page session (a copy of the page's config), so at most
 # 64 sessions are kept, the oldest evicted first (an evicted page keeps working; its attention view's layer selector
 # forgets the last prompt).
@@ -131,7 +132,7 @@ def build_demo(
     *,
     default_model: str | None = None,
     default_backend: str = DEFAULT_BACKEND,
-    limits: Limits | None = None,
+    max_tokens_limit: int = MAX_NEW_TOKENS,
     stream_interval: float = 0.05,
     max_updates_per_second: float | None = 200.0,
     concurrency: int = DEFAULT_MAX_BATCH,
@@ -146,7 +147,7 @@ def build_demo(
             default if present, else the first model found).
         default_backend: the backend selected when the page opens, and /generate's default (`torch`, `onnx` or
             `onnx-int8`).
-        limits: the largest requests accepted.
+        max_tokens_limit: the most new tokens a request may ask for (`--max-tokens-limit`).
         stream_interval: the least time between two streamed updates of one stream, in seconds.
         max_updates_per_second: about how many streamed updates all streams together send at most (many streams
             at once are each updated less often); None for no limit.
@@ -154,10 +155,9 @@ def build_demo(
         activity: counters of running streams and generated tokens (tests and benchmarks read them).
     """
     registry = registry or ModelRegistry.discover()
-    limits = limits or Limits()
     handlers = DemoHandlers(
         registry,
-        limits,
+        max_tokens_limit,
         activity or Activity(),
         stream_interval,
         registry.default_model(default_model),
@@ -167,7 +167,7 @@ def build_demo(
     record = registry.corpus(handlers.default_model)  # the page presents the default model: what it was trained on
     with gr.Blocks(title=page_title(record), analytics_enabled=False) as demo:
         gr.Markdown(intro(record), elem_id="intro")
-        ui = _layout(registry, handlers, limits, default_backend)
+        ui = _layout(registry, handlers, max_tokens_limit, default_backend)
         _wire(demo, ui, handlers, concurrency)
     demo.queue(default_concurrency_limit=concurrency, max_size=max_queue)
     explain_bad_inputs(demo)  # every event, private ones included: a message, not {"error": null}
@@ -176,7 +176,9 @@ def build_demo(
     return demo
 
 
-def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, default_backend: str) -> SimpleNamespace:
+def _layout(
+    registry: ModelRegistry, handlers: DemoHandlers, max_tokens_limit: int, default_backend: str
+) -> SimpleNamespace:
     """The page's components; `form` holds the request's, in the order of `PAGE_FIELDS`. The prompt, the buttons and
     the output come first, the settings beside them (below them on a narrow screen, where the columns wrap)."""
     ui = SimpleNamespace()
@@ -187,7 +189,7 @@ def _layout(registry: ModelRegistry, handlers: DemoHandlers, limits: Limits, def
         with gr.Column(scale=2, min_width=320, elem_id="settings-column"):
             _model_layout(ui, registry, handlers, record, default_backend)
             with gr.Accordion("Sampling", open=True, elem_id="sampling"):
-                _sampling_layout(ui, limits, handlers.ui_model_sampling(handlers.default_model))
+                _sampling_layout(ui, max_tokens_limit, handlers.ui_model_sampling(handlers.default_model))
     _attention_layout(ui, registry)
     ui.gen_ticket = gr.Textbox(visible="hidden", elem_id="gen-ticket")
     ui.compare_ticket = gr.Textbox(visible="hidden", elem_id="compare-ticket")
@@ -240,13 +242,13 @@ def _model_layout(ui: SimpleNamespace, registry: ModelRegistry, handlers: DemoHa
         ui.curve_note = gr.Markdown(elem_id="curve-note")
 
 
-def _sampling_layout(ui: SimpleNamespace, limits: Limits, start: tuple) -> None:
+def _sampling_layout(ui: SimpleNamespace, max_tokens_limit: int, start: tuple) -> None:
     """The Format control and the sampling settings; the sliders (`SAMPLING_SLIDERS`) start at `start`, the default
     model's defaults, so the page's opening changes none of them (a value typed at once is kept)."""
     format_control(ui)  # a regex or choices the text must fit (demo.format_control); folded on a phone
     start = dict(zip(SAMPLING_SLIDERS, start, strict=True))
     # the sliders' ranges: the server's limit of new tokens, and what is worth sliding through
-    ui.max_new_tokens = _field(gr.Slider, "max_new_tokens", 1, limits.max_new_tokens, step=1, value=start)
+    ui.max_new_tokens = _field(gr.Slider, "max_new_tokens", 1, max_tokens_limit, step=1, value=start)
     ui.temperature = _field(gr.Slider, "temperature", 0, 2, step=0.05, value=start)
     ui.top_k = _field(gr.Slider, "top_k", 0, 100, step=1, value=start)
     ui.top_p = _field(gr.Slider, "top_p", 0.01, 1, step=0.01, value=start)

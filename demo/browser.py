@@ -2,7 +2,7 @@
 the demo's FastAPI app under `/browser/`.
 
 What is served is a fixed table of files, nothing else (no directory is exposed, so no path can reach outside it):
-the page's own files (among them its request limits `limits.json`, generated from `gpt_serve.generation.spec`, and
+the page's own files (among them its request limits `spec.json`, generated from `gpt_serve.generation.spec`, and
 the demo's form `form.json`, generated from `demo.form`),
 onnxruntime-web's WASM build under `ort/` (the page folder's `ort/`: in a clone a link into `node_modules`, installed
 by `npm ci`, see the Makefile; in a Space's folder, `gpt-serve space`, the files themselves), and
@@ -23,7 +23,7 @@ from gpt_serve.onnx_contract import INT8_FILE_NAME, ONNX_SUBDIR
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
 JS_MODULES = ("app.js", "engine.js", "form.js", "model.js", "rng.js", "sampling.js", "spec.js", "vocab.js")
-PAGE_FILES = ("index.html", "style.css", "limits.json", "form.json", *JS_MODULES)
+PAGE_FILES = ("index.html", "style.css", "spec.json", "form.json", *JS_MODULES)
 ORT_DIST = Path("node_modules") / "onnxruntime-web" / "dist"  # relative to WEB_DIR
 # where the page's folder holds them: in a clone, a link to ORT_DIST; in a Space's folder (`gpt-serve space`), files
 ORT_DIR = "ort"

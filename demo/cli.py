@@ -183,17 +183,17 @@ def demo_registry(args):
     from gpt_serve.serving.registry import ModelRegistry
 
     named, served = models_named(args) if _positional_models(args) else [], served_model_names(args)
-    limits = dict(
+    options = dict(
         threads=args.threads,
         max_batch=args.concurrency,
         generation_config=args.generation_config,
         preempt_after=preempt_after(args),
     )
     if named or served is not None:
-        return ModelRegistry.serving(named, served, args.models_root, **limits)
+        return ModelRegistry.serving(named, served, args.models_root, **options)
     root = args.models_root if args.models_root is not None else MODELS_DIR
     extra = [args.model_flag] if args.model_flag is not None and is_model_folder(args.model_flag) else []
-    return ModelRegistry.discover(extra, root, **limits)
+    return ModelRegistry.discover(extra, root, **options)
 
 
 def _positional_models(args) -> bool:
@@ -248,7 +248,7 @@ def mount_api(app, registry, default_backend: str, max_tokens_limit: int, **acce
     installed."""
     try:
         from gpt_serve.serving.api import create_router
-        from gpt_serve.serving.limits import Drain
+        from gpt_serve.serving.launcher import Drain
     except ImportError as e:
         print(f"demo: no OpenAI-compatible API ({e}; pip install 'gpt-serve[serve]')", file=sys.stderr)
         return None
@@ -289,7 +289,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _setup(args)
     from .app import build_demo, launch_options
-    from .generation import Limits
 
     try:
         registry = demo_registry(args)
@@ -310,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         registry,
         default_model=default_model,
         default_backend=args.backend,
-        limits=Limits(max_new_tokens=args.max_tokens_limit),
+        max_tokens_limit=args.max_tokens_limit,
         stream_interval=args.stream_interval,
         max_updates_per_second=args.max_updates_per_second or None,
         concurrency=args.concurrency,
@@ -372,7 +371,7 @@ def _launch(demo, args, options: dict, limits) -> bool:
     except OSError as e:
         print(f"demo: error: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
         return False
-    from gpt_serve.serving.limits import close_slow_headers
+    from gpt_serve.serving.launcher import close_slow_headers
 
     close_slow_headers(demo.server, limits.header_timeout)
     return True

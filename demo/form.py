@@ -1,7 +1,7 @@
 """The demo's form as data: the label, default and choices of each field a visitor sets, shared by the Gradio page
 (`demo.app` builds its components from `FORM`) and the in-browser page (`demo/web/form.json` is `form_json()`, and a
 test keeps the file in step), so that both pages ask the same questions with the same defaults. Their limits are
-the request specification's (`gpt_serve.generation.spec`; the in-browser page reads them from `limits.json`).
+the request specification's (`gpt_serve.generation.spec`; the in-browser page reads them from `spec.json`).
 
     python -c "from demo.form import form_json; print(form_json(), end='')" > demo/web/form.json
 """

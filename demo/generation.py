@@ -3,7 +3,7 @@
 Everything here is plain Python generators over the library's scheduler (one batched decode loop per model and
 backend, `registry.scheduler`), testable without Gradio:
 
-    request = parse_form(registry, Limits(), dict(prompt="ROMEO:", max_new_tokens=200, ...))  # the library's spec
+    request = parse_form(registry, MAX_NEW_TOKENS, dict(prompt="ROMEO:", max_new_tokens=200, ...))  # the library's spec
     for progress in throttle(stream_progress(registry, request), interval=0.05):
         print(progress.text, progress.tokens, progress.tokens_per_second)
 
@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpt_serve.generation.fields import MAX_NEW_TOKENS, RequestError
+from gpt_serve.generation.fields import RequestError
 from gpt_serve.generation.requests import ServerBusy
 from gpt_serve.generation.spec import GenerationRequest, parse_request
 from gpt_serve.generation.text import UNK_HINT, TextStream, encode_prompt
@@ -33,14 +33,6 @@ from gpt_serve.serving.registry import ModelRegistry
 def plural(n: int, noun: str) -> str:
     """'1 layer', '4 layers', '2,000 tokens'."""
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What this server accepts beyond the request specification's limits (`gpt_serve.generation.spec`): an
-    operator may lower `max_new_tokens` (`--max-new-tokens-limit`)."""
-
-    max_new_tokens: int = MAX_NEW_TOKENS
 
 
 @dataclass(frozen=True)
@@ -103,14 +95,15 @@ class Activity:
             )
 
 
-def parse_form(registry: ModelRegistry, limits: Limits, form: Mapping[str, object]) -> GenerationRequest:
+def parse_form(registry: ModelRegistry, max_tokens_limit: int, form: Mapping[str, object]) -> GenerationRequest:
     """Checks what a user (UI or API) sent, the parameters of `DemoHandlers.generate` by name, with the request
-    specification's parser (the same messages as every other surface); the model name must be one of `registry`'s.
+    specification's parser (the same messages as every other surface), max_new_tokens at most `max_tokens_limit`
+    (the server's cap, `--max-tokens-limit`); the model name must be one of `registry`'s.
     A field sent as None gets the model folder's default (its generation_config.json, `registry.generation_defaults`).
     Raises `RequestError`. Does not load any model."""
     model = registry.resolve_model(form.get("model"))
     defaults = registry.generation_defaults(model)
-    return parse_request({**form, "model": model}, limits.max_new_tokens, defaults)
+    return parse_request({**form, "model": model}, max_tokens_limit, defaults)
 
 
 class StopRequests:

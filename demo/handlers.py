@@ -1,7 +1,8 @@
 """The functions behind the demo's events and its /generate API, as methods of one object; no layout.
 
-`DemoHandlers` holds what every request shares (the models, the limits, the counters, the stop requests); the
-page (`demo.app.build_demo`) wires its methods to buttons, and tests call them directly, without a browser.
+`DemoHandlers` holds what every request shares (the models, the cap on max_new_tokens, the counters, the stop
+requests); the page (`demo.app.build_demo`) wires its methods to buttons, and tests call them directly, without a
+browser.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from .format_control import in_page_words, page_message, structured_outputs
 from .generation import (
     Activity,
     GenerationRequest,
-    Limits,
     StopRequests,
     encode_prompt,
     parse_form,
@@ -69,7 +69,7 @@ class DemoHandlers:
 
     Args:
         registry: the models to serve.
-        limits: the largest requests accepted.
+        max_tokens_limit: the most new tokens a request may ask for (`--max-tokens-limit`).
         activity: counters of running streams and generated tokens (tests and benchmarks read them).
         stream_interval: the least time between two streamed updates of one stream, in seconds.
         default_model: what /generate uses when `model` is not given.
@@ -81,14 +81,14 @@ class DemoHandlers:
     def __init__(
         self,
         registry: ModelRegistry,
-        limits: Limits,
+        max_tokens_limit: int,
         activity: Activity,
         stream_interval: float,
         default_model: str,
         default_backend: str,
         max_updates_per_second: float | None = 200.0,
     ):
-        self.registry, self.limits, self.activity = registry, limits, activity
+        self.registry, self.max_tokens_limit, self.activity = registry, max_tokens_limit, activity
         self.stream_interval, self.max_updates_per_second = stream_interval, max_updates_per_second
         self.default_model, self.default_backend = default_model, default_backend
         self.stops = StopRequests()
@@ -125,7 +125,7 @@ class DemoHandlers:
         form = {**form}
         form["backend"] = self.default_backend if form["backend"] is None else form["backend"]
         form["model"] = self.default_model if form["model"] is None else form["model"]
-        return parse_form(self.registry, self.limits, form)
+        return parse_form(self.registry, self.max_tokens_limit, form)
 
     def _parse_page(self, form) -> GenerationRequest:
         """Checks the page's form (`PAGE_FIELDS`, in order): its Format control becomes `structured_outputs`."""

@@ -230,15 +230,16 @@ class Surfaces:
 def surfaces():
     from fastapi.testclient import TestClient
 
-    from demo.generation import Activity, Limits
+    from demo.generation import Activity
     from demo.handlers import DemoHandlers
+    from gpt_serve.generation.fields import MAX_NEW_TOKENS
     from gpt_serve.serving.api import create_app
     from gpt_serve.serving.ray_serve import RayServeOptions, replica_app
 
     registry = ModelRegistry.discover(models_root=MODELS_DIR, expected=(), threads=1)
     options = RayServeOptions(threads=1, preload=False)
     with TestClient(create_app(registry)) as api, TestClient(replica_app(options, "r0")) as replica:
-        handlers = DemoHandlers(registry, Limits(), Activity(), 0.0, MODEL, "torch", max_updates_per_second=None)
+        handlers = DemoHandlers(registry, MAX_NEW_TOKENS, Activity(), 0.0, MODEL, "torch", max_updates_per_second=None)
         yield Surfaces(registry, api, replica, handlers)
     registry.close()
 

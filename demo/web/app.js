@@ -1,5 +1,5 @@
 // The page: loads onnxruntime-web, the model, the demo's form (form.json: the labels, defaults and choices of the
-// Gradio demo's fields, from demo/form.py) and the request specification (limits.json: the limits and messages),
+// Gradio demo's fields, from demo/form.py) and the request specification (spec.json: the limits and messages),
 // reads the form, streams the tokens into the output with live stats, and stops on Stop.
 // `window.gptServe` runs the same generation for scripts (the browser test drives it):
 //
@@ -226,7 +226,7 @@ function showCorpus(corpus) {
   $("examples").hidden = !prompts.length;
 }
 
-/** The specification (limits.json), the form (form.json) shown. */
+/** The specification (spec.json), the form (form.json) shown. */
 async function openSpec() {
   let spec;
   try {

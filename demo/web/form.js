@@ -1,5 +1,5 @@
 // Reading the page's fields into a generation request: the texts typed into the form, turned into the values a JSON
-// client would send and parsed by the request specification (spec.js, limits.json), so that a bad field gets
+// client would send and parsed by the request specification (spec.js, spec.json), so that a bad field gets
 // exactly the message gpt_serve gives for it. No DOM here: app.js reads the inputs, and Node can import this file.
 
 import { encodePrompt } from "./engine.js";
@@ -42,7 +42,7 @@ export function typedValue(name, text) {
  * seedWasRandom, windowMode, refillTokens, unkPolicy}) with promptIds, the prompt encoded by `vocab`. Throws a
  * FieldError naming the first bad field's input, with the specification's message.
  * @param {Object<string, string>} fields the texts of FORM_FIELDS, by name (one left out takes its default)
- * @param {object} spec the specification table (limits.json)
+ * @param {object} spec the specification table (spec.json)
  * @param {import("./vocab.js").CharVocab} vocab the model's vocabulary
  * @param {string} [unkHint] how the page accepts characters outside the vocabulary (form.json's unk_policy.hint)
  */

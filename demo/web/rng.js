@@ -1,7 +1,7 @@
 // A small seeded random number generator for the page's sampler: xoshiro128** seeded through splitmix32.
 // It plays the part of numpy's `default_rng(seed)` in the Python engine, with its own stream: the same seed gives
 // the same tokens from run to run in the browser, but not the tokens numpy would pick. The seeds a request may
-// give, and the range a random one is drawn from, are the request specification's (limits.json, spec.js).
+// give, and the range a random one is drawn from, are the request specification's (spec.json, spec.js).
 
 function splitmix32(state) {
   return () => {

@@ -1,5 +1,5 @@
 // The request specification in the browser: gpt_serve/generation/spec.py's `parse_request` over the table it
-// writes to limits.json (`spec_json()`), with its messages word for word. The page fetches limits.json
+// writes to spec.json (`spec_json()`), with its messages word for word. The page fetches spec.json
 // (`loadSpec`) and passes it here; no limit is written in this file.
 //
 //   const spec = await loadSpec();
@@ -11,7 +11,7 @@
 
 import { randomSeed } from "./rng.js";
 
-export const SPEC_FILE = "limits.json"; // beside this module, wherever the page is served from
+export const SPEC_FILE = "spec.json"; // beside this module, wherever the page is served from
 
 /** A refused request, with the message spec.py gives for it; `field` names the bad field (spec.py's name). */
 export class RequestError extends Error {
@@ -22,7 +22,7 @@ export class RequestError extends Error {
   }
 }
 
-/** The specification table (limits.json, next to this module). */
+/** The specification table (spec.json, next to this module). */
 export async function loadSpec(url = new URL(SPEC_FILE, import.meta.url)) {
   return loadJson(url, "the page's request limits");
 }

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if given:
         raise ValueError(f"only with --ray: {', '.join(given)}")
     from ..serving.api import create_app  # fastapi: the `serve` extra (a message, not a traceback: `main`)
-    from ..serving.limits import run_server
+    from ..serving.launcher import run_server
     from ..serving.registry import ModelRegistry
 
     server_flags.check_port_free(args.host, args.port, PORT_HINT)

@@ -197,7 +197,7 @@ def parse_request(
 
 def spec_table() -> dict[str, dict[str, Any]]:
     """`FIELDS` as plain data (JSON), for clients that cannot import this module: the browser page's
-    `demo/web/limits.json` is `spec_json()`, and a test keeps it so."""
+    `demo/web/spec.json` is `spec_json()`, and a test keeps it so."""
     table = {}
     for f in FIELDS:
         entry: dict[str, Any] = {"kind": f.kind, "default": list(f.default) if f.kind == "stop" else f.default}
@@ -212,7 +212,7 @@ def spec_table() -> dict[str, dict[str, Any]]:
 
 
 def spec_json() -> str:
-    """`spec_table()` as the text of `demo/web/limits.json`."""
+    """`spec_table()` as the text of `demo/web/spec.json`."""
     import json
 
     return json.dumps(spec_table(), indent=2) + "\n"

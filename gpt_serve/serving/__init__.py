@@ -1,1 +1,1 @@
-"""Serving: registry, OpenAI API, protocol, limits, metrics, chat, Ray Serve."""
+"""Serving: registry, OpenAI API, protocol, HTTP guards and launcher, metrics, chat, Ray Serve."""

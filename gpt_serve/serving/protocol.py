@@ -122,10 +122,10 @@ def _common(body: Any, registry: ModelRegistry, wire: tuple[str, ...]) -> tuple[
     return model, {k: v for k, v in body.items() if k not in known}
 
 
-def _parse_fields(fields: dict, prompt: str, model: str, limits: tuple[int | None, str, dict]) -> GenerationRequest:
-    """The generation request of a body's generation `fields`, its `prompt` and `model`; `limits`: the server's
+def _parse_fields(fields: dict, prompt: str, model: str, server: tuple[int | None, str, dict]) -> GenerationRequest:
+    """The generation request of a body's generation `fields`, its `prompt` and `model`; `server`: the server's
     cap of max_tokens, its default backend and the model folder's defaults."""
-    max_tokens_limit, default_backend, defaults = limits
+    max_tokens_limit, default_backend, defaults = server
     try:
         return parse_request(
             {**fields, "prompt": prompt, "model": model}, max_tokens_limit, {"backend": default_backend, **defaults}
@@ -185,8 +185,8 @@ def parse_completion(
         raise APIError(400, "echo cannot stream here: send it with stream: false (or leave echo out)", "echo")
     _check_prompts(prompts, best_of)
     first = prompts[0] if isinstance(prompts[0], str) else ""  # token ids are checked against the model's vocabulary
-    limits = (max_tokens_limit, default_backend, _folder(registry.generation_defaults, model))
-    request = _parse_fields({**fields, "logprobs": body.get("logprobs")}, first, model, limits)
+    server = (max_tokens_limit, default_backend, _folder(registry.generation_defaults, model))
+    request = _parse_fields({**fields, "logprobs": body.get("logprobs")}, first, model, server)
     return Job(
         kind="completion",
         prompts=prompts,
@@ -262,8 +262,8 @@ def parse_chat(body: Any, registry: ModelRegistry, default_backend: str, max_tok
     top = _top_logprobs(body.get("top_logprobs"), logprobs)
     n = _choices(body, "n", 1)
     _check_prompts([prompt], n)
-    limits = (max_tokens_limit, default_backend, _folder(registry.generation_defaults, model))
-    request = _parse_fields({**fields, "logprobs": top if logprobs else None}, prompt, model, limits)
+    server = (max_tokens_limit, default_backend, _folder(registry.generation_defaults, model))
+    request = _parse_fields({**fields, "logprobs": top if logprobs else None}, prompt, model, server)
     return Job(
         kind="chat",
         prompts=[prompt],

@@ -161,7 +161,7 @@ class ModelRegistry:
         models_root: str | Path | None = MODELS_DIR,
         expected: Iterable[str] = EXPECTED_MODELS,
         threads: int | None = 1,
-        **limits,
+        **options,
     ) -> ModelRegistry:
         """The models under `models_root` (`gpt_serve.models.discover`), then `expected` names that are missing
         (listed as unavailable), then the `model_dirs` (`NAME=PATH` or `PATH`), which win on a name clash."""
@@ -174,7 +174,7 @@ class ModelRegistry:
             folders[name] = folder
         order = {name: i for i, name in enumerate(EXPECTED_MODELS)}
         names = sorted(folders, key=lambda n: (order.get(n, len(order)), n))
-        return cls({n: folders[n] for n in names}, threads=threads, models_root=root or MODELS_DIR, **limits)
+        return cls({n: folders[n] for n in names}, threads=threads, models_root=root or MODELS_DIR, **options)
 
     @classmethod
     def serving(
@@ -183,7 +183,7 @@ class ModelRegistry:
         served_names: Sequence[str] | None = None,
         models_root: str | Path | None = None,
         threads: int | None = 1,
-        **limits,
+        **options,
     ) -> ModelRegistry:
         """What `gpt-serve serve MODEL ...` serves: the models under `models_root` when given, then `models`
         (`model_folders`), which win on a name clash; the shipped default alone when neither names any. The first
@@ -191,11 +191,11 @@ class ModelRegistry:
         named = model_folders(models, served_names)
         if models_root is None:
             folders = named or {DEFAULT_MODEL: MODELS_DIR / DEFAULT_MODEL}
-            return cls(folders, threads=threads, default=next(iter(folders)), **limits)
+            return cls(folders, threads=threads, default=next(iter(folders)), **options)
         folders = {**_models_under(Path(models_root)), **named}
         if not folders:
             raise ValueError(f"no model folder found under {models_root} (--models-root)")
-        return cls(folders, threads=threads, models_root=models_root, default=next(iter(named), None), **limits)
+        return cls(folders, threads=threads, models_root=models_root, default=next(iter(named), None), **options)
 
     # ---- names and availability (never loads anything) ----
 

@@ -1,6 +1,6 @@
 """The numbers that bound every HTTP server of gpt-serve (`ServerLimits`), apart from the code that enforces them
-(`gpt_serve.serving.limits`, which needs the `serve` extra): the CLI shows them in every command's parser, so they
-import nothing but the standard library."""
+(`gpt_serve.serving.http_guards` and `launcher`, which need the `serve` extra): the CLI shows them in every command's
+parser, so they import nothing but the standard library."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ SHUTDOWN_TIMEOUT = 10.0
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """A server's bounds (see `gpt_serve.serving.limits`); the defaults are `gpt-serve serve`'s and the demo's."""
+    """A server's bounds (see `gpt_serve.serving.http_guards` and `launcher`); the defaults are `gpt-serve serve`'s
+    and the demo's."""
 
     max_body_bytes: int = MAX_BODY_BYTES
     max_bodies: int = MAX_BODIES

@@ -24,7 +24,7 @@ def test_serve_preloads_the_default_model_unless_told_not_to(models_root, monkey
     import socket
 
     import gpt_serve.serving.api
-    import gpt_serve.serving.limits
+    import gpt_serve.serving.launcher
 
     created = {}
     real_create_app = gpt_serve.serving.api.create_app
@@ -35,7 +35,7 @@ def test_serve_preloads_the_default_model_unless_told_not_to(models_root, monkey
         return real_create_app(registry, **kwargs)
 
     monkeypatch.setattr(gpt_serve.serving.api, "create_app", create_app)
-    monkeypatch.setattr(gpt_serve.serving.limits, "run_server", lambda *args: None)  # the server is not the point here
+    monkeypatch.setattr(gpt_serve.serving.launcher, "run_server", lambda *args: None)  # the server is not the point
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -83,10 +83,10 @@ def test_model_names_the_default_model_as_generate_and_the_demo_take_it():
 
 
 def test_serve_model_serves_that_model_as_the_default(tiny_model_dir, monkeypatch, capsys):
-    import gpt_serve.serving.limits
+    import gpt_serve.serving.launcher
     from tests.helpers import free_port
 
-    monkeypatch.setattr(gpt_serve.serving.limits, "run_server", lambda *args: None)
+    monkeypatch.setattr(gpt_serve.serving.launcher, "run_server", lambda *args: None)
     argv = ["serve", "--model", str(tiny_model_dir), "--port", str(free_port()), "--threads", "1"]
     assert main(argv) == 0
     err = capsys.readouterr().err
@@ -115,10 +115,10 @@ def test_a_bad_origin_is_a_usage_error(capsys, value, message):
 
 def test_serve_preloads_the_first_model_it_is_given(tiny_model_dir, monkeypatch, capsys):
     """`gpt-serve serve FOLDER`: that model alone, preloaded (never shakespeare)."""
-    import gpt_serve.serving.limits
+    import gpt_serve.serving.launcher
     from tests.helpers import free_port
 
-    monkeypatch.setattr(gpt_serve.serving.limits, "run_server", lambda *args: None)
+    monkeypatch.setattr(gpt_serve.serving.launcher, "run_server", lambda *args: None)
     assert main(["serve", str(tiny_model_dir), "--port", str(free_port()), "--threads", "1"]) == 0
     err = capsys.readouterr().err
     assert f"{tiny_model_dir.name}/torch loaded and warmed up" in err

@@ -66,13 +66,13 @@ def serve(blocks, registry=None, browser_model: str = "tiny", api_key: str | Non
 def server(registry):
     """The demo served once per session: `.url`, `.demo`, `.activity` (server-side counters)."""
     from demo.app import build_demo
-    from demo.generation import Activity, Limits
+    from demo.generation import Activity
 
     activity = Activity()
     blocks = build_demo(
         registry,
         default_model="tiny",
-        limits=Limits(max_new_tokens=SERVER_MAX_NEW_TOKENS),
+        max_tokens_limit=SERVER_MAX_NEW_TOKENS,
         stream_interval=0.05,
         concurrency=16,
         activity=activity,
@@ -108,10 +108,10 @@ def form(**changes) -> list:
 def handlers(registry):
     """The app's event functions, streaming every token (no throttle), without a server."""
     from demo.app import build_demo
-    from demo.generation import Limits
 
-    limits = Limits(max_new_tokens=500)
-    demo = build_demo(registry, default_model="tiny", stream_interval=0.0, max_updates_per_second=None, limits=limits)
+    demo = build_demo(
+        registry, default_model="tiny", stream_interval=0.0, max_updates_per_second=None, max_tokens_limit=500
+    )
     return demo.handlers
 
 

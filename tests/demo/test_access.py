@@ -11,7 +11,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from gpt_serve.serving.limits import KEYLESS_BODY_BYTES, ServerLimits
+from gpt_serve.serving.http_guards import KEYLESS_BODY_BYTES
+from gpt_serve.serving.server_limits import ServerLimits
 
 KEY = "s3cret"
 ORIGIN = "https://page.example"

@@ -90,5 +90,5 @@ def test_build_demo_with_defaults_loads_nothing(registry):
     fresh = ModelRegistry(registry.folders, threads=1)
     blocks = build_demo(fresh)
     assert blocks.handlers.default_model == "ladder-a" and blocks.handlers.default_backend == "torch"
-    assert blocks.handlers.limits.max_new_tokens == MAX_NEW_TOKENS  # the request specification's
+    assert blocks.handlers.max_tokens_limit == MAX_NEW_TOKENS  # the request specification's
     assert not any(fresh.is_loaded(name, "torch") for name in fresh.available)

@@ -33,7 +33,7 @@ def test_the_page_the_ort_files_and_the_model_files_are_served(server, models_ro
         status, kind, body = get(f"{server.url}/browser/{name}")
         assert status == 200 and kind.startswith("text/javascript"), name  # a module script needs a JS type
         assert body == (WEB_DIR / name).read_bytes()
-    for name in ("limits.json", "form.json"):  # the request specification, and the demo's form
+    for name in ("spec.json", "form.json"):  # the request specification, and the demo's form
         status, kind, body = get(f"{server.url}/browser/{name}")
         assert status == 200 and kind == "application/json" and body == (WEB_DIR / name).read_bytes()
     status, kind, _ = get(f"{server.url}/browser/ort/ort-wasm-simd-threaded.wasm")

@@ -56,12 +56,11 @@ def own_root(tmp_path_factory, models_root) -> Path:
 @pytest.fixture(scope="module")
 def own(own_root):
     from demo.app import build_demo
-    from demo.generation import Limits
     from gpt_serve.serving.registry import ModelRegistry
 
     registry = ModelRegistry.discover(models_root=own_root, threads=1)
     demo = build_demo(registry, default_model="code", stream_interval=0.0, max_updates_per_second=None,
-                      limits=Limits(max_new_tokens=500))  # fmt: skip
+                      max_tokens_limit=500)  # fmt: skip
     yield demo
     demo.handlers.close()
     registry.close()

@@ -15,7 +15,6 @@ import pytest
 
 from demo.generation import (
     Activity,
-    Limits,
     Progress,
     RequestError,
     StopRequests,
@@ -25,6 +24,7 @@ from demo.generation import (
     throttle,
 )
 from gpt_serve.generation import LoadedModel, SamplingParams, generate_text
+from gpt_serve.generation.fields import MAX_NEW_TOKENS
 from tests.demo.conftest import GOOD, form
 
 
@@ -53,7 +53,7 @@ def test_demo_text_is_the_engines_text(handlers, registry):
 
 
 def test_progress_reports_stats(registry):
-    request = parse_form(registry, Limits(), GOOD)
+    request = parse_form(registry, MAX_NEW_TOKENS, GOOD)
     progress = list(stream_progress(registry, request))
     assert [p.tokens for p in progress] == [0, *range(1, 41), 40]  # the prompt encoded, each token, the end
     assert [p.done for p in progress] == [False] * 41 + [True]
@@ -88,8 +88,8 @@ def test_the_update_interval_grows_with_the_runs_streaming(registry):
     one, a ladder comparison (one message per update for all of its columns) is one too."""
     from demo.handlers import DemoHandlers
 
-    handlers = DemoHandlers(registry, Limits(), Activity(), 0.05, "tiny", "torch", max_updates_per_second=10)
-    unlimited = DemoHandlers(registry, Limits(), Activity(), 0.05, "tiny", "torch", max_updates_per_second=None)
+    handlers = DemoHandlers(registry, MAX_NEW_TOKENS, Activity(), 0.05, "tiny", "torch", max_updates_per_second=10)
+    unlimited = DemoHandlers(registry, MAX_NEW_TOKENS, Activity(), 0.05, "tiny", "torch", max_updates_per_second=None)
     assert handlers.interval() == unlimited.interval() == 0.05  # nothing running
     runs = [handlers.generate("ROMEO:", 400, seed=i, model="tiny", window_mode="refill") for i in range(4)]
     for run in runs:
@@ -106,7 +106,7 @@ def test_the_update_interval_grows_with_the_runs_streaming(registry):
 def test_a_stream_that_looks_now_and_then_still_ends_as_soon_as_its_request_does(registry):
     """Between two looks the stream waits for its request's end, not for the whole interval: with an hour's
     interval a short request still ends at once (its tokens come in one look)."""
-    request = parse_form(registry, Limits(), {**GOOD, "max_new_tokens": 5})
+    request = parse_form(registry, MAX_NEW_TOKENS, {**GOOD, "max_new_tokens": 5})
     start = time.perf_counter()
     progress = list(stream_progress(registry, request, poll_interval=3600.0))
     assert progress[-1].done and progress[-1].tokens == 5
@@ -142,7 +142,7 @@ def test_closing_the_stream_stops_the_compute(registry):
     counting = Registry(registry.folders, threads=1)
     activity = Activity()
     limit = 20_000
-    request = parse_form(counting, Limits(max_new_tokens=limit), {**GOOD, "max_new_tokens": limit})
+    request = parse_form(counting, limit, {**GOOD, "max_new_tokens": limit})
     stream = stream_progress(counting, request, activity)
     assert next(stream).tokens == 0 and calls == []  # the prompt is encoded: no forward pass yet
     for _ in range(5):
@@ -224,12 +224,12 @@ def test_ui_stream_shows_prompt_then_text_and_stats(handlers):
 
 
 def test_seed_minus_one_and_none_are_random(registry):
-    seeds = {parse_form(registry, Limits(), {**GOOD, "seed": s}).seed for s in (None, -1, None, -1.0)}
+    seeds = {parse_form(registry, MAX_NEW_TOKENS, {**GOOD, "seed": s}).seed for s in (None, -1, None, -1.0)}
     assert len(seeds) > 1
 
 
 def test_side_by_side_streams_every_stage(registry):
-    base = parse_form(registry, Limits(), {**GOOD, "max_new_tokens": 25})
+    base = parse_form(registry, MAX_NEW_TOKENS, {**GOOD, "max_new_tokens": 25})
     streams = [
         stream_progress(registry, dataclasses.replace(base, model="ladder-a")),
         "ladder-c is missing",
@@ -270,12 +270,12 @@ def test_backends_load_once_and_are_shared(models_root):
 
 def test_parse_form_rejects_unknown_model_before_loading(registry):
     with pytest.raises(RequestError, match="unknown model"):
-        parse_form(registry, Limits(), {**GOOD, "model": "../etc"})
+        parse_form(registry, MAX_NEW_TOKENS, {**GOOD, "model": "../etc"})
 
 
 def test_stop_requests_end_the_stream_after_the_current_token(registry):
     stops = StopRequests()
-    request = parse_form(registry, Limits(), {**GOOD, "max_new_tokens": 500})
+    request = parse_form(registry, MAX_NEW_TOKENS, {**GOOD, "max_new_tokens": 500})
     activity = Activity()
     stream = stream_progress(registry, request, activity, should_stop=lambda: stops.is_stopped("t1"))
     for _ in range(4):  # the encoded prompt, then three tokens

@@ -121,7 +121,7 @@ def test_a_chunked_body_is_cut_off_at_the_limit():
     from fastapi.testclient import TestClient
     from starlette.middleware import Middleware
 
-    from gpt_serve.serving.limits import BodyLimits
+    from gpt_serve.serving.http_guards import BodyLimits
 
     app = FastAPI(middleware=[Middleware(BodyLimits, max_bytes=1000)])
 

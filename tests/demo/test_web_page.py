@@ -406,7 +406,7 @@ def test_the_page_is_styled_like_the_demo_at_desktop_and_phone_widths(chromium, 
     ("missing", "message"),
     [
         ("ort", "onnxruntime-web is missing"),  # and how to install it: `npm ci`
-        ("limits.json", "The page's request limits could not be loaded"),
+        ("spec.json", "The page's request limits could not be loaded"),
         ("form.json", "The page's form could not be loaded"),
     ],
 )

@@ -1,5 +1,5 @@
 // The browser page's modules under Node, for tests/demo/test_web_engine.py: the form (form.js, with the request
-// specification limits.json), the engine (engine.js) on the model (model.js) run by onnxruntime-web's WebAssembly
+// specification spec.json), the engine (engine.js) on the model (model.js) run by onnxruntime-web's WebAssembly
 // build, the same one the page loads. No DOM, no browser: the files are read from disk instead of fetched.
 //
 //   node tests/demo/web_engine.mjs CASES.json > RESULTS.json
@@ -20,7 +20,7 @@ const model = await import(new URL("model.js", WEB));
 const { CharVocab, UNK_POLICIES } = await import(new URL("vocab.js", WEB));
 
 const input = JSON.parse(readFileSync(process.argv[2], "utf-8"));
-const spec = JSON.parse(readFileSync(new URL("limits.json", WEB), "utf-8"));
+const spec = JSON.parse(readFileSync(new URL("spec.json", WEB), "utf-8"));
 const unkHint = JSON.parse(readFileSync(new URL("form.json", WEB), "utf-8")).unk_policy.hint; // as app.js reads it
 const folder = `${input.model_dir}/`;
 const readJSON = (name) => JSON.parse(readFileSync(folder + name, "utf-8"));

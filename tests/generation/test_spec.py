@@ -110,10 +110,10 @@ def test_a_server_lowers_max_new_tokens():
 
 
 def test_the_browser_pages_limits_are_the_table():
-    """demo/web/limits.json is `spec_json()`, written by
-    `python -c "from gpt_serve.generation.spec import spec_json; print(spec_json(), end='')" > demo/web/limits.json`."""
-    text = (WEB_DIR / "limits.json").read_text(encoding="utf-8")
-    assert text == spec_json(), "regenerate demo/web/limits.json (the command is in this test's docstring)"
+    """demo/web/spec.json is `spec_json()`, written by
+    `python -c "from gpt_serve.generation.spec import spec_json; print(spec_json(), end='')" > demo/web/spec.json`."""
+    text = (WEB_DIR / "spec.json").read_text(encoding="utf-8")
+    assert text == spec_json(), "regenerate demo/web/spec.json (the command is in this test's docstring)"
     assert list(json.loads(text)) == [f.name for f in FIELDS]
     assert json.loads(text)["seed"]["hi"] == MAX_SEED == 2**53 - 1  # what a JavaScript number holds exactly
 

@@ -10,8 +10,9 @@ import sys
 import httpx
 import pytest
 
-from gpt_serve.serving.limits import ServerLimits, close_slow_headers
+from gpt_serve.serving.launcher import close_slow_headers
 from gpt_serve.serving.registry import ModelRegistry
+from gpt_serve.serving.server_limits import ServerLimits
 from tests.helpers import serving
 from tests.serving.test_api import free_port
 

@@ -1,6 +1,6 @@
 """The API's edge against a client without the key and against bytes that are not what JSON should be: keyless
 requests bounded apart from keyed ones, every body encoding a 4xx, the gate's 401 readable by an allowed page, no
-server path in an error, and a body let go of once parsed (`gpt_serve.serving.limits`, `api.errors`)."""
+server path in an error, and a body let go of once parsed (`gpt_serve.serving.http_guards`, `api.errors`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import tracemalloc
 import httpx
 import pytest
 
-from gpt_serve.serving.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, ServerLimits
+from gpt_serve.serving.http_guards import MAX_JSON_DEPTH
+from gpt_serve.serving.server_limits import MAX_BODY_BYTES, ServerLimits
 from tests.helpers import serving, wait_until
 from tests.serving.conftest import assert_openai_error, post
 

@@ -10,8 +10,8 @@ import re
 import httpx
 import pytest
 
-from gpt_serve.serving.limits import ServerLimits
 from gpt_serve.serving.registry import ModelRegistry
+from gpt_serve.serving.server_limits import ServerLimits
 from tests.generation.test_fork import Spy
 from tests.helpers import wait_until
 from tests.serving.conftest import running

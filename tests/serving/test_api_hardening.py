@@ -1,6 +1,6 @@
 """No request, of any size or shape, gets a 500 or holds the server's memory: the body limits, the JSON depth,
 numbers and unhashable values, the API key checked before a body is read, the bodies received at once, and fields
-that would be ignored (`gpt_serve.serving.limits`). Connections, memory and shutdown: `test_api_lifecycle`."""
+that would be ignored (`gpt_serve.serving.http_guards`). Connections, memory and shutdown: `test_api_lifecycle`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from gpt_serve.generation.fields import MAX_PROMPT_WORK
-from gpt_serve.serving.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, ServerLimits, json_depth
+from gpt_serve.serving.http_guards import MAX_JSON_DEPTH, json_depth
+from gpt_serve.serving.server_limits import MAX_BODY_BYTES, ServerLimits
 from tests.helpers import serving, wait_until
 from tests.serving.conftest import assert_openai_error, healthy, post, rss_mb, start_server
 

@@ -1,6 +1,7 @@
 """No request holds the server's memory or a connection, and a shutdown ends every stream: a model that loads
 beside a running stream, refusals that keep nothing alive, a disconnect that frees its row, the header and body
-timeouts, the shutdown deadline and a second signal (`gpt_serve.serving.limits`), and the server's flags."""
+timeouts, the shutdown deadline and a second signal (`gpt_serve.serving.http_guards`, `launcher`), and the server's
+flags."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import httpx
 import pytest
 
 from gpt_serve.cli import main
-from gpt_serve.serving.limits import ServerLimits
 from gpt_serve.serving.registry import ModelRegistry
+from gpt_serve.serving.server_limits import ServerLimits
 from tests.helpers import serving, wait_until
 from tests.serving.conftest import TIMEOUT, healthy, post, rss_mb, running, start_server
 from tests.serving.test_api import free_port
@@ -300,9 +301,9 @@ def test_timeouts_of_the_connection_are_not_ray_flags(capsys):
 def test_the_access_log_is_opt_in(models_root, monkeypatch, flags, access_log):
     """A line per request in the terminal only with --access-log: by default a client's output in the same
     terminal (the docs' snippets) is not cut by them."""
-    import gpt_serve.serving.limits
+    import gpt_serve.serving.launcher
 
     seen = {}
-    monkeypatch.setattr(gpt_serve.serving.limits, "run_server", lambda *args: seen.update(access_log=args[-1]))
+    monkeypatch.setattr(gpt_serve.serving.launcher, "run_server", lambda *args: seen.update(access_log=args[-1]))
     assert main(["serve", "--models-root", str(models_root), "--no-preload", "--port", str(free_port()), *flags]) == 0
     assert seen == {"access_log": access_log}

@@ -15,8 +15,8 @@ Answers follow OpenAI's wire format, errors included (`{"error": {"message", "ty
 request, named; 401 without the API key; 404 an unknown model or route; 405; 429 the scheduler's queue is full; 503
 a model that cannot be served here; 422 `model_error` when the model computes NaN or infinite logits, which are
 never sampled: that request ends, the others go on; a stream then ends with an `error` event and `[DONE]`;
-413/408 for a body over the limit or too slow, `gpt_serve.serving.limits`, whose `BodyLimits` `create_app` adds and the
-demo adds too; 503 once the server is shutting down). Every choice is a `TextStream` on the model's `Scheduler`, as
+413/408 for a body over the limit or too slow, `gpt_serve.serving.http_guards`, whose `BodyLimits` `create_app` adds and
+the demo adds too; 503 once the server is shutting down). Every choice is a `TextStream` on the model's `Scheduler`, as
 on every other surface; a client that disconnects frees its rows, whether it streams or not. `max_tokens_limit`
 lowers the specification's limit of max_tokens. With `api_key`, every route but /health (and /metrics unless
 `metrics_need_key`) needs `Authorization: Bearer <key>`, compared in constant time.

@@ -3,7 +3,7 @@ the CORS headers, and the answer to a browser's CORS preflight.
 
 Both live in the routes themselves, not in a middleware, so both hold wherever the router is mounted: `gpt-serve
 serve`'s app, or the demo's, which has started before the API is added to it. (`gpt-serve serve`'s app adds
-`limits.KeyGate` too, which refuses a request without the key before its body is read.)
+`http_guards.KeyGate` too, which refuses a request without the key before its body is read.)
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
-from ..limits import KeyGate, bears_key
+from ..http_guards import KeyGate, bears_key
 from ..protocol import APIError
 from .errors import error_response
 from .state import APIState, APIStateDep, bind_state
@@ -37,13 +37,13 @@ def guarded_route(state: APIState, api_key: str | None) -> type[APIRoute]:
         def get_route_handler(self):
             handler = super().get_route_handler()
 
-            async def route(http: Request) -> Response:
-                bind_state(http, state)
-                if api_key is not None and not bears_key(http.headers.get("authorization", ""), api_key):
+            async def route(raw_request: Request) -> Response:
+                bind_state(raw_request, state)
+                if api_key is not None and not bears_key(raw_request.headers.get("authorization", ""), api_key):
                     response = error_response(APIError(401, KeyGate.MESSAGE, None, "authentication_error"))
                 else:
-                    response = await handler(http)
-                origin = http.headers.get("origin")
+                    response = await handler(raw_request)
+                origin = raw_request.headers.get("origin")
                 if origin is not None and origin in state.allow_origins:
                     response.headers["access-control-allow-origin"] = origin
                     response.headers.add_vary_header("Origin")
@@ -54,22 +54,22 @@ def guarded_route(state: APIState, api_key: str | None) -> type[APIRoute]:
     return GuardedRoute
 
 
-def preflight(http: Request, state: APIStateDep):
+def preflight(raw_request: Request, state: APIStateDep):
     """A browser's CORS preflight (it sends no API key): for a named origin, the allowed methods, and as allowed
     headers those it asks for (`Access-Control-Request-Headers`, each a valid header name) with `authorization` and
     `content-type`; for any other origin, none. What is allowed still needs the key."""
-    if http.headers.get("origin") not in state.allow_origins:
+    if raw_request.headers.get("origin") not in state.allow_origins:
         return Response(status_code=204)
-    headers = {**CORS_HEADERS, "access-control-allow-headers": ", ".join(allowed_headers(http))}
+    headers = {**CORS_HEADERS, "access-control-allow-headers": ", ".join(allowed_headers(raw_request))}
     response = Response(status_code=204, headers=headers)
     response.headers.add_vary_header("Access-Control-Request-Headers")  # and `Origin`, by the route class
     return response
 
 
-def allowed_headers(http: Request) -> list[str]:
+def allowed_headers(raw_request: Request) -> list[str]:
     """`BASE_ALLOWED_HEADERS` and the header names the preflight asks for, lower-cased, once each; a name that is
     not a header name, or past `MAX_REQUESTED_HEADERS`, is left out (the browser then refuses the request)."""
-    asked = [name.strip().lower() for name in http.headers.get("access-control-request-headers", "").split(",")]
+    asked = [name.strip().lower() for name in raw_request.headers.get("access-control-request-headers", "").split(",")]
     valid = [name for name in asked if _HEADER_NAME.match(name)][:MAX_REQUESTED_HEADERS]
     return list(dict.fromkeys((*BASE_ALLOWED_HEADERS, *valid)))
 

@@ -9,10 +9,12 @@ from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 
 from ...generation.fields import DEFAULT_BACKEND
-from ..limits import BodyLimits, Drain, KeyGate, ServerLimits, body_limits, open_paths
+from ..http_guards import BodyLimits, KeyGate, body_limits, open_paths
+from ..launcher import Drain
 from ..metrics import Metrics
 from ..registry import ModelRegistry
 from ..request_caps import RequestCaps
+from ..server_limits import ServerLimits
 from . import completions, errors, health, models, tokens
 from .access import guarded_route, preflight_router
 from .errors import add_error_handlers
@@ -34,8 +36,8 @@ def create_router(
     caps: RequestCaps | None = None,
 ) -> APIRouter:
     """The API's routes over `registry` (see the package docstring); `drain` holds the open requests, for the
-    server's shutdown (`gpt_serve.serving.limits`); `caps` bound what one request may ask in all. With `api_key`,
-    every route but those of `limits.open_paths` (and the CORS preflights) needs it."""
+    server's shutdown (`gpt_serve.serving.launcher`); `caps` bound what one request may ask in all. With `api_key`,
+    every route but those of `http_guards.open_paths` (and the CORS preflights) needs it."""
     state = APIState(registry, Metrics(registry), drain or Drain(), default_backend, max_tokens_limit,
                      tuple(allow_origins), caps or RequestCaps())  # fmt: skip
     router = APIRouter(route_class=guarded_route(state, api_key))
@@ -66,7 +68,7 @@ def create_app(
 
     `replica_id` (set by `gpt_serve.serving.ray_serve` for each replica) is sent back in an `x-gpt-serve-replica`
     header on every answer; without it the answers carry no such header. `limits` bound the request bodies
-    (`BodyLimits`); `app.state.drain` holds the open requests, for `limits.run_server`'s shutdown. `router_options`
+    (`BodyLimits`); `app.state.drain` holds the open requests, for `launcher.run_server`'s shutdown. `router_options`
     are `create_router`'s (the API key, CORS origins, the max_tokens limit)."""
     limits = limits or ServerLimits()
 

@@ -11,7 +11,7 @@ from fastapi import Request
 from ...generation.fields import RequestError
 from ...generation.requests import SchedulerClosed, ServerBusy
 from ...generation.text import TextStream
-from ..limits import Drain
+from ..launcher import Drain
 from ..metrics import Metrics
 from ..protocol import SHUTTING_DOWN, APIError, Job
 from ..registry import ModelRegistry, ModelUnavailable
@@ -94,10 +94,10 @@ def end_choices(choices: list[Choice], drain: Drain) -> None:
         drain.open.discard(choice.text)
 
 
-async def cancel_on_disconnect(http: Request, work: list) -> None:
+async def cancel_on_disconnect(raw_request: Request, work: list) -> None:
     """Waits for the client to leave (once the body is read, `receive` has nothing else to say), then cancels
     `work` (choices and scorings)."""
-    while (await http.receive())["type"] != "http.disconnect":
+    while (await raw_request.receive())["type"] != "http.disconnect":
         pass
     for item in work:
         if item is not None:

@@ -12,7 +12,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ...generation.requests import EngineError
-from ..limits import Drain, read_json
+from ..http_guards import read_json
+from ..launcher import Drain
 from ..protocol import SHUTTING_DOWN, APIError, Job, answer, check_caps, parse_chat, parse_completion
 from .choices import Choice, cancel_on_disconnect, end_choices, score_prompts, start_choices
 from .errors import error_response, model_failure, run_on_worker
@@ -23,19 +24,19 @@ router = APIRouter()
 
 
 @router.post("/v1/completions")
-async def completions(http: Request, state: APIStateDep):
-    return await serve(http, state, parse_completion)
+async def completions(raw_request: Request, state: APIStateDep):
+    return await serve(raw_request, state, parse_completion)
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(http: Request, state: APIStateDep):
-    return await serve(http, state, parse_chat)
+async def chat_completions(raw_request: Request, state: APIStateDep):
+    return await serve(raw_request, state, parse_chat)
 
 
-async def serve(http: Request, state: APIState, parse: Callable[..., Job]) -> Response | dict:
+async def serve(raw_request: Request, state: APIState, parse: Callable[..., Job]) -> Response | dict:
     """A completions or chat request (`parse` reads its body), answered in OpenAI's format, streamed or whole."""
     try:
-        job = parse(await read_json(http), state.registry, state.default_backend, state.max_tokens_limit)
+        job = parse(await read_json(raw_request), state.registry, state.default_backend, state.max_tokens_limit)
         check_caps(job, state.caps)
         if state.drain.closing:
             raise APIError(503, "the server is shutting down", None, "server_error", SHUTTING_DOWN)
@@ -47,15 +48,15 @@ async def serve(http: Request, state: APIState, parse: Callable[..., Job]) -> Re
     if job.stream:
         stream = events(job, choices, cid, int(time.time()), state.drain)
         return StreamingResponse(stream, media_type="text/event-stream")
-    return await whole_answer(http, job, choices, scorings, cid, state.drain)
+    return await whole_answer(raw_request, job, choices, scorings, cid, state.drain)
 
 
 async def whole_answer(
-    http: Request, job: Job, choices: list[Choice], scorings: list, cid: str, drain: Drain
+    raw_request: Request, job: Job, choices: list[Choice], scorings: list, cid: str, drain: Drain
 ) -> Response | dict:
     """The answer of every choice once all have ended (and, for `echo`, the prompts' own logprobs). A client that
     leaves frees its rows and stops its prompts' scoring at once, whether it streams or not."""
-    watcher = asyncio.ensure_future(cancel_on_disconnect(http, [*choices, *scorings]))
+    watcher = asyncio.ensure_future(cancel_on_disconnect(raw_request, [*choices, *scorings]))
     try:
         for choice in choices:
             while not choice.text.done:

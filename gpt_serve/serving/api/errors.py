@@ -48,11 +48,11 @@ def model_failure(e: EngineError) -> APIError:
 
 
 @router.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
-def unknown(path: str, http: Request):
+def unknown(path: str, raw_request: Request):
     """Any other /v1 request (this router goes after the API's own routes)."""
     if f"/v1/{path}" in V1_PATHS:
-        return error_response(APIError(405, f"{http.method} is not allowed on /v1/{path}"))
-    return error_response(APIError(404, f"no route {http.method} /v1/{path} on this server"))
+        return error_response(APIError(405, f"{raw_request.method} is not allowed on /v1/{path}"))
+    return error_response(APIError(404, f"no route {raw_request.method} /v1/{path} on this server"))
 
 
 def add_error_handlers(app: FastAPI) -> None:

@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from ...generation.fields import DEFAULT_BACKEND
-from ..limits import Drain
+from ..launcher import Drain
 from ..metrics import Metrics
 from ..registry import ModelRegistry
 from ..request_caps import RequestCaps
@@ -35,14 +35,14 @@ class APIState:
     caps: RequestCaps = RequestCaps()
 
 
-def bind_state(http: Request, state: APIState) -> None:
-    """Makes `state` the one `api_state` gives the routes that serve `http` (`access.guarded_route` calls it)."""
-    http.state.gpt_serve_api = state
+def bind_state(raw_request: Request, state: APIState) -> None:
+    """Makes `state` the one `api_state` gives the routes that serve `raw_request` (`access.guarded_route` calls it)."""
+    raw_request.state.gpt_serve_api = state
 
 
-def api_state(http: Request) -> APIState:
+def api_state(raw_request: Request) -> APIState:
     """The dependency that gives a route the API's state (`bind_state`)."""
-    return http.state.gpt_serve_api
+    return raw_request.state.gpt_serve_api
 
 
 APIStateDep = Annotated[APIState, Depends(api_state)]

@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator
 
 from ...generation.requests import EngineError
-from ..limits import Drain
+from ..launcher import Drain
 from ..protocol import Job, chat_logprobs, completion_logprobs, error_body, usage
 from .choices import Choice, end_choices
 from .errors import model_failure

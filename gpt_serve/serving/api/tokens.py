@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from ...generation.backends.interface import check_token_ids
 from ...generation.fields import RequestError, check_value, show_value
 from ...generation.text import encode_prompt
-from ..limits import read_json
+from ..http_guards import read_json
 from ..protocol import APIError, require_model
 from ..registry import ModelRegistry, ModelUnavailable
 from .errors import error_response, run_on_worker, unavailable
@@ -18,9 +18,9 @@ router = APIRouter()
 
 
 @router.post("/tokenize")
-async def tokenize(http: Request, state: APIStateDep):
+async def tokenize(raw_request: Request, state: APIStateDep):
     try:
-        body, loaded = await vocab_request(http, state, "prompt", ("unk_policy",))
+        body, loaded = await vocab_request(raw_request, state, "prompt", ("unk_policy",))
         ids = encode_text(loaded.vocab, body.get("prompt"), body.get("unk_policy"))
     except APIError as e:
         return error_response(e)
@@ -28,19 +28,19 @@ async def tokenize(http: Request, state: APIStateDep):
 
 
 @router.post("/detokenize")
-async def detokenize(http: Request, state: APIStateDep):
+async def detokenize(raw_request: Request, state: APIStateDep):
     try:
-        body, loaded = await vocab_request(http, state, "tokens")
+        body, loaded = await vocab_request(raw_request, state, "tokens")
         text = decode_ids(loaded.vocab, body.get("tokens"), "tokens")
     except APIError as e:
         return error_response(e)
     return {"prompt": text}
 
 
-async def vocab_request(http: Request, state: APIState, field: str, extra: tuple[str, ...] = ()):
+async def vocab_request(raw_request: Request, state: APIState, field: str, extra: tuple[str, ...] = ()):
     """The body and the loaded model of a /tokenize or /detokenize request (a model's first use loads it on a
     worker thread: the event loop, and every stream on it, goes on meanwhile)."""
-    body = await read_json(http)
+    body = await read_json(raw_request)
     check_fields(body, ("model", "backend", field, *extra))
     loaded = await run_on_worker(load_model, state.registry, body, state.default_backend)
     return body, loaded

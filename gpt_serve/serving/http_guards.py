@@ -1,5 +1,5 @@
-"""What every HTTP server of gpt-serve bounds, so that no request can hold a server's memory or a connection for
-long (`gpt-serve serve`, Ray Serve replicas and the demo all use it; needs the `serve` extra):
+"""The ASGI guards in front of every HTTP server of gpt-serve (`gpt-serve serve`, Ray Serve replicas and the demo),
+so that no request can hold a server's memory or a connection for long (needs the `serve` extra):
 
 - who may send a body: with an API key, a request's headers must bear it before a byte of its body is read (401,
   `KeyGate`, an ASGI middleware outside `BodyLimits`); a request without it, to a route that needs none, may send no
@@ -11,28 +11,18 @@ long (`gpt-serve serve`, Ray Serve replicas and the demo all use it; needs the `
   `max_bodies` of them and `max_bodies_bytes` in all (429 `server_busy` past either);
 - the JSON: UTF-8 only (RFC 8259), at most `MAX_JSON_DEPTH` levels deep, checked by a scan of the bytes before
   `json.loads`, so no parser or `repr` recurses past Python's limit, and no lone surrogate (`parse_json`: 400); the
-  body let go of once parsed (`read_json`);
-- the request's headers: whole within `header_timeout` seconds of connecting, or of the previous answer on a kept-alive
-  connection, or the connection is closed (`close_slow_headers`; uvicorn's own keep-alive timeout stops at a
-  request's first byte);
-- shutdown: open requests get `shutdown_timeout` seconds to end, then each is cut (its stream ends with
-  `finish_reason: "abort"` and `data: [DONE]`), and a client that reads nothing more is dropped `SHUTDOWN_GRACE`
-  seconds later (`Drain`, `run_server`); a second SIGINT or SIGTERM cuts them at once, the same way, and never
-  skips the drain.
+  body let go of once parsed (`read_json`).
 
-Refusals are OpenAI's error JSON on every path, and close the connection (a client may still be sending).
+The header timeout and the shutdown's drain are the server's own (`gpt_serve.serving.launcher`). Refusals are
+OpenAI's error JSON on every path, and close the connection (a client may still be sending).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import itertools
 import json
-import logging
 import re
-import threading
-import time
 from typing import Any
 
 import anyio
@@ -46,10 +36,7 @@ from .server_limits import (  # the bounds' numbers (standard library only)
     ServerLimits,
 )
 
-logger = logging.getLogger(__name__)
-
 MAX_JSON_DEPTH = 64  # the deepest body the API reads is 3 levels (a list of token-id prompts, chat messages)
-SHUTDOWN_GRACE = 2.0  # after the cut, for the streams' last chunks to leave
 
 
 BODY_READ = "gpt_serve.body_read"  # the scope key `KeyGate` sets on a keyless request whose (tiny) body it read
@@ -300,94 +287,7 @@ def _holds_lone_surrogate(value: Any) -> bool:
     return False
 
 
-async def read_json(http) -> Any:
+async def read_json(raw_request) -> Any:
     """The JSON of a Starlette request's body (`parse_json`). Its bytes are let go of once parsed: `Request.body()`
     would keep them for as long as the request lives, a whole wait in a scheduler's queue."""
-    return parse_json(b"".join([chunk async for chunk in http.stream()]))
-
-
-class Drain:
-    """The API's open requests (their `TextStream`s), for a shutdown: `begin()` refuses new ones (503), `cut()` ends
-    the open ones now (`finish_reason` "abort"; a stream then sends its last chunk and `data: [DONE]`)."""
-
-    def __init__(self):
-        self.open: set = set()
-        self.closing = False
-
-    def cut(self) -> None:
-        self.closing = True
-        for text in list(self.open):
-            text.cancel(reason="abort")
-
-    def close(self, timeout: float, grace: float = SHUTDOWN_GRACE) -> None:
-        """Blocks (outside the server's event loop) until the open requests have ended, at most `timeout` seconds,
-        then cuts the rest and gives their last chunks `grace` seconds to leave."""
-        self.closing = True
-        for wait, then in ((timeout, self.cut), (grace, None)):
-            deadline = time.monotonic() + wait
-            while self.open and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if then is not None:
-                then()
-
-
-def close_slow_headers(server, seconds: float) -> threading.Thread:
-    """Closes every connection of the uvicorn `server` whose next request's headers have not all come `seconds`
-    after it connected (or after its previous answer): a thread that looks four times per `seconds`. A request being
-    answered (a stream too) is never touched."""
-
-    def watch():
-        waiting_since: dict[tuple, float] = {}
-        while not server.should_exit:
-            now, seen = time.monotonic(), {}
-            for conn in list(server.server_state.connections):
-                cycle = getattr(conn, "cycle", False)  # False: not an HTTP connection (a websocket)
-                if cycle is False or (cycle is not None and not cycle.response_complete):
-                    continue
-                since = seen[conn, cycle] = waiting_since.get((conn, cycle), now)
-                if now - since >= seconds and not conn.transport.is_closing():
-                    conn.loop.call_soon_threadsafe(conn.transport.close)
-            waiting_since = seen
-            time.sleep(seconds / 4)
-
-    thread = threading.Thread(target=watch, name="close-slow-headers", daemon=True)
-    thread.start()
-    return thread
-
-
-def run_server(
-    app, host: str, port: int, log_level: str, limits: ServerLimits, drain: Drain, access_log: bool = False
-) -> None:
-    """Serves `app` (`gpt_serve.serving.api.create_app`) with uvicorn until SIGINT or SIGTERM, with the header timeout
-    and
-    the shutdown deadline of `limits`; a line per request in the log only with `access_log` (uvicorn's access log).
-    A second signal (uvicorn's "force exit", which would skip the drain and drop
-    the open streams without their last chunk) cuts the open requests at once instead: each still ends with
-    `finish_reason: "abort"` and `data: [DONE]`, and the server exits when they have."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        loop: asyncio.AbstractEventLoop | None = None
-
-        async def serve(self, sockets=None):
-            self.loop = asyncio.get_running_loop()
-            await super().serve(sockets)
-
-        def handle_exit(self, sig, frame):
-            if not self.should_exit or self.loop is None:
-                return super().handle_exit(sig, frame)
-            logger.warning("signal %s during the shutdown: the open requests are cut now", sig)
-            self.loop.call_soon_threadsafe(drain.cut)  # (not force_exit: the drain goes on)
-
-        async def shutdown(self, sockets=None):
-            drain.closing = True
-            asyncio.get_running_loop().call_later(limits.shutdown_timeout, drain.cut)
-            await super().shutdown(sockets)
-
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, access_log=access_log,
-        timeout_graceful_shutdown=limits.shutdown_timeout + SHUTDOWN_GRACE,  # type: ignore[arg-type]
-    )  # fmt: skip
-    server = Server(config)
-    close_slow_headers(server, limits.header_timeout)
-    server.run()
+    return parse_json(b"".join([chunk async for chunk in raw_request.stream()]))
