@@ -236,7 +236,7 @@ def engine_alone(args) -> list[tuple]:
     """TTFT and tokens/s of the engine called directly (what the server's loop costs without HTTP)."""
     import torch
 
-    from demo.generation import parse_form, stream_progress
+    from demo.progress import parse_form, stream_progress
     from gpt_serve.generation.fields import MAX_NEW_TOKENS
     from gpt_serve.serving.registry import ModelRegistry
 

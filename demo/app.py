@@ -9,7 +9,7 @@ Events:
   once, and the view of the prompt is drawn when the run ends. Each run gets a ticket from the page; the Stop
   button (enabled only while a run is on) sends the tickets back and the run's loop ends after its current token
   (`StopRequests`). A client that disconnects (or a `gradio_client` job that is cancelled) makes Gradio close the
-  generator, which also ends the loop (see `demo.generation`).
+  generator, which also ends the loop (see `demo.progress`).
 - The comparison (UI only): the same prompt, seed and settings through several models side by side
   (`demo.comparison`): the default model's earlier checkpoints when its training kept some (`--snapshots`), else
   the ladder stages that share its vocabulary (no comparison on the page when there is neither).
@@ -46,9 +46,9 @@ from .comparison import Comparison
 from .curve import curve_update
 from .form import FORM
 from .format_control import format_control
-from .generation import Activity
 from .handlers import PAGE_FIELDS, SAMPLING_SLIDERS, DemoHandlers
 from .input_checks import describe_parameters, explain_bad_inputs
+from .progress import Activity
 
 # A fresh ticket for each run started from the page; its Stop sends the ticket back (see `StopRequests`). A run also
 # enables its Stop (`DemoHandlers.ui_generate_ended` / `ui_compare_ended` disable it again) and clears what the page

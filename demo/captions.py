@@ -17,7 +17,7 @@ from gpt_serve.models import LADDER
 from gpt_serve.serving.registry import ModelRegistry, RequestError
 
 from .attention import EARLIER, VIEW_POSITIONS, VISIBLE, axis_text
-from .generation import GenerationRequest, Progress, plural
+from .progress import GenerationRequest, Progress, plural
 
 FAILED = "⚠️"  # how the status line starts when a run could not start or failed
 PENDING_CAPTION = "⏳ The attention view of the prompt is drawn when this run ends."

@@ -54,7 +54,7 @@ from gpt_serve.models import MODELS_DIR, is_model_folder
 # The demo's largest request by default: a slider a visitor can set to the token (1 to 2,000 over a few hundred
 # pixels; the specification's 100,000 made one pixel about 170 tokens), and no visitor's run holds a row for minutes.
 # `--max-tokens-limit` raises it, up to the specification's MAX_NEW_TOKENS.
-MAX_NEW_TOKENS_LIMIT = 2_000
+DEMO_MAX_TOKENS_LIMIT = 2_000
 # Where the demo listens unless --host/--port say: what Gradio reads when `launch()` is given neither (Hugging Face
 # Spaces set them), else this machine only
 HOST_ENV, PORT_ENV, DEFAULT_HOST, DEFAULT_PORT = "GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT", "127.0.0.1", 7860
@@ -130,9 +130,9 @@ def _add_engine_arguments(p) -> None:
         dest="max_tokens_limit",
         metavar="N",
         type=max_tokens_limit,
-        default=MAX_NEW_TOKENS_LIMIT,
+        default=DEMO_MAX_TOKENS_LIMIT,
         help=f"the largest max_new_tokens a request may ask for, on the page (its slider's top) and through /v1 "
-        f"(--max-new-tokens-limit: the older spelling; default {MAX_NEW_TOKENS_LIMIT}, at most {MAX_NEW_TOKENS})",
+        f"(--max-new-tokens-limit: the older spelling; default {DEMO_MAX_TOKENS_LIMIT}, at most {MAX_NEW_TOKENS})",
     )
     p.add_argument("--no-preload", action="store_true", help="load models on first use instead of at startup")
 

@@ -29,7 +29,7 @@ from .captions import FAILED, attention_caption, compare_status, example_prompts
 from .comparison import Column, comparison_for
 from .form import FORM
 from .format_control import in_page_words, page_message, structured_outputs
-from .generation import (
+from .progress import (
     Activity,
     GenerationRequest,
     StopRequests,

@@ -230,8 +230,8 @@ class Surfaces:
 def surfaces():
     from fastapi.testclient import TestClient
 
-    from demo.generation import Activity
     from demo.handlers import DemoHandlers
+    from demo.progress import Activity
     from gpt_serve.generation.fields import MAX_NEW_TOKENS
     from gpt_serve.serving.api import create_app
     from gpt_serve.serving.ray_serve import RayServeOptions, replica_app

@@ -66,7 +66,7 @@ def serve(blocks, registry=None, browser_model: str = "tiny", api_key: str | Non
 def server(registry):
     """The demo served once per session: `.url`, `.demo`, `.activity` (server-side counters)."""
     from demo.app import build_demo
-    from demo.generation import Activity
+    from demo.progress import Activity
 
     activity = Activity()
     blocks = build_demo(

@@ -10,7 +10,7 @@ import pytest
 
 from demo.attention import VIEW_POSITIONS
 from demo.captions import attention_caption, stats_line
-from demo.generation import GenerationRequest, Progress
+from demo.progress import GenerationRequest, Progress
 from tests.demo.conftest import form
 
 

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from demo.generation import StopRequests
+from demo.progress import StopRequests
 from tests.demo.conftest import wait_idle
 
 HUGE = "x" * 1_000_000

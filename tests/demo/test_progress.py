@@ -13,7 +13,7 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from demo.generation import (
+from demo.progress import (
     Activity,
     Progress,
     RequestError,
