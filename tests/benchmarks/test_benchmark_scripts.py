@@ -35,6 +35,45 @@ def test_decode_floor():
     assert "batch 1:" in out and "batch 3:" in out
 
 
+def test_decode_gap_prints_the_floor_and_each_backends_step_per_row_count(data_path):
+    out = run_script(
+        "decode_gap.py",
+        *("--size", "shipped", "--rows", "1", "2", "--repeats", "2", "--rounds", "1", "--threads", "1"),
+    )
+    header = next(line for line in out.splitlines() if line.startswith("| rows |"))
+    assert all(f"| {key} step, ms (x floor) |" in header for key in ("torch", "onnx", "onnx-int8"))
+    for rows in (1, 2):
+        row = next(line for line in out.splitlines() if line.startswith(f"| {rows} | "))
+        assert row.count("x) |") == 3 and row.count(" / ") == 2, row  # three steps, the torch split
+    assert "every row at 64 cached positions" in out and "read bandwidth" in out
+    out = run_script(  # the lesson's size, torch alone (no export)
+        "decode_gap.py",
+        *("--size", "lesson", "--backends", "torch", "--rows", "1", "--past", "8", "--repeats", "2"),
+        *("--rounds", "1", "--threads", "1", "--data", str(data_path)),
+    )
+    assert "n_embd 384, 6 heads, 6 layers, block 256; every row at 8 cached positions" in out
+    assert sum(line.startswith("| 1 | ") for line in out.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--size", "shipped", "--past", "127"], "--past 127 does not fit the shipped size's block of 128"),
+        (["--rows", "4", "0"], "--rows must be >= 1, got 0"),
+        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    ],
+)
+def test_decode_gap_refuses_what_it_cannot_measure(args, message):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "decode_gap.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_training_benchmark(data_path, tmp_path):
     out = run_script(
