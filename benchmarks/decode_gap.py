@@ -11,7 +11,7 @@ is asked for) and each `--rows` count, one table row:
   `decode_floor.py`'s PyTorch `F.linear`, PyTorch `DecodeLinear` and ONNX Runtime's MatMul-only graph, fp32, every
   weight matrix of every layer, lm_head aside) + the time to read attention's bytes once (the keys and values of
   every layer at `--past` positions for every row, fp32 as both backends keep their caches) at the read bandwidth
-  measured at the start (`torch.sum` over a 256 MB fp32 tensor on `--threads` threads, best of 5);
+  measured at the start (`torch.sum` over a 256 MB fp32 tensor on `--threads` threads, best of 20);
 - each backend's real step: its `DecodeBatch` (`new_batch`) holding `rows` rows of `--past` cached tokens each,
   stepped over and over at that position (the new column taken back each time, as `decode_batch.py` does), and the
   step as a multiple of the floor (the floor is fp32's: `onnx-int8` streams a quarter of the weight bytes, so where
@@ -66,11 +66,13 @@ def timed(fn, repeats: int, rounds: int) -> float:
 
 
 def read_bandwidth(threads: int, megabytes: int = 256) -> float:
-    """GB/s of `torch.sum` over a `megabytes` fp32 tensor (far past the CPU's caches), best of 5."""
+    """GB/s of `torch.sum` over a `megabytes` fp32 tensor (far past the CPU's caches), best of 20: on this machine the
+    figure climbs over the first calls (the best of 6 ranged from 29 to 51 GB/s across runs, the best of 20 from 56
+    to 61)."""
     torch.set_num_threads(threads)
     t = torch.ones(megabytes * 2**20 // 4)
     best = float("inf")
-    for _ in range(6):
+    for _ in range(20):
         start = time.perf_counter()
         t.sum()
         best = min(best, time.perf_counter() - start)
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = read_bandwidth(args.threads)
     print(
         f"{args.threads} threads, {os.cpu_count()} CPUs, read bandwidth {bandwidth:.1f} GB/s (torch.sum over 256 MB "
-        f"fp32, best of 5), median of {args.rounds} rounds of {args.repeats} calls; load average "
+        f"fp32, best of 20), median of {args.rounds} rounds of {args.repeats} calls; load average "
         f"{os.getloadavg()[0]:.1f} at the start"
     )
     with tempfile.TemporaryDirectory() as work:
