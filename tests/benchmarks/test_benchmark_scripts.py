@@ -24,6 +24,14 @@ def run_script(name: str, *args: str) -> str:
     return result.stdout
 
 
+def assert_refused(name: str, args: list[str], message: str) -> None:
+    """The script exits 2 (argparse's usage error) at once, `message` on stderr."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+
+
 def test_decode_floor():
     out = run_script(
         "decode_floor.py",
@@ -64,14 +72,7 @@ def test_decode_gap_prints_the_floor_and_each_backends_step_per_row_count(data_p
     ],
 )
 def test_decode_gap_refuses_what_it_cannot_measure(args, message):
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "decode_gap.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+    assert_refused("decode_gap.py", args, message)
 
 
 @pytest.mark.slow
@@ -154,14 +155,7 @@ def test_serving_benchmark():
     ],
 )
 def test_serving_benchmark_refuses_flags_that_would_do_nothing(args, message):
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "serving.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+    assert_refused("serving.py", args, message)
 
 
 def test_gpu_check_without_a_gpu_says_so_in_one_line_and_exits_2(tmp_path):
