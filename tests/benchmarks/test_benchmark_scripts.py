@@ -24,6 +24,14 @@ def run_script(name: str, *args: str) -> str:
     return result.stdout
 
 
+def assert_refused(name: str, args: list[str], message: str) -> None:
+    """The script exits 2 (argparse's usage error) at once, `message` on stderr."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+
+
 def test_decode_floor():
     out = run_script(
         "decode_floor.py",
@@ -33,6 +41,38 @@ def test_decode_floor():
     for path in ("PyTorch F.linear", "PyTorch DecodeLinear", "ONNX Runtime MatMul only", "KV Concat, past 8"):
         assert out.count(path) == 2
     assert "batch 1:" in out and "batch 3:" in out
+
+
+def test_decode_gap_prints_the_floor_and_each_backends_step_per_row_count(data_path):
+    out = run_script(
+        "decode_gap.py",
+        *("--size", "shipped", "--rows", "1", "2", "--repeats", "2", "--rounds", "1", "--threads", "1"),
+    )
+    header = next(line for line in out.splitlines() if line.startswith("| rows |"))
+    assert all(f"| {key} step, ms (x floor) |" in header for key in ("torch", "onnx", "onnx-int8"))
+    for rows in (1, 2):
+        row = next(line for line in out.splitlines() if line.startswith(f"| {rows} | "))
+        assert row.count("x) |") == 3 and row.count(" / ") == 2, row  # three steps, the torch split
+    assert "every row at 64 cached positions" in out and "read bandwidth" in out
+    out = run_script(  # the lesson's size, torch alone (no export)
+        "decode_gap.py",
+        *("--size", "lesson", "--backends", "torch", "--rows", "1", "--past", "8", "--repeats", "2"),
+        *("--rounds", "1", "--threads", "1", "--data", str(data_path)),
+    )
+    assert "n_embd 384, 6 heads, 6 layers, block 256; every row at 8 cached positions" in out
+    assert sum(line.startswith("| 1 | ") for line in out.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--size", "shipped", "--past", "127"], "--past 127 does not fit the shipped size's block of 128"),
+        (["--rows", "4", "0"], "--rows must be >= 1, got 0"),
+        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    ],
+)
+def test_decode_gap_refuses_what_it_cannot_measure(args, message):
+    assert_refused("decode_gap.py", args, message)
 
 
 @pytest.mark.slow
@@ -115,14 +155,7 @@ def test_serving_benchmark():
     ],
 )
 def test_serving_benchmark_refuses_flags_that_would_do_nothing(args, message):
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "serving.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+    assert_refused("serving.py", args, message)
 
 
 def test_gpu_check_without_a_gpu_says_so_in_one_line_and_exits_2(tmp_path):
