@@ -9,9 +9,10 @@ projection, the two feed-forward matrices), so its speed is bounded by how fast 
 This script times exactly those products, with random weights that do not fit in the CPU cache together:
 
 - PyTorch `F.linear` (the (out, in) layout of `nn.Linear`);
-- PyTorch `DecodeLinear` (`gpt_serve.generation.backends.torch_decode`), what the PyTorch engine decodes with: a
-  batched
-  product over blocks of the weight up to 8 rows, oneDNN's linear kernel on the weight packed once past that;
+- PyTorch `DecodeLinear` (`gpt_serve.generation.backends.torch_decode`), what the PyTorch engine decodes with:
+  `F.linear` up to 8 rows, oneDNN's linear kernel on the weight packed once past that;
+- PyTorch blocked bmm (`DecodeLinear(chunks=4)`): a batched product over 4 blocks of the weight up to 8 rows, the
+  engine's path before `F.linear` overtook it;
 - ONNX Runtime: a graph of nothing but the same MatMuls (no attention, no KV cache, no other nodes), fp32;
 - ONNX Runtime: the same MatMuls plus, per layer, the two `Concat`s a Hugging Face-style decoder graph makes at
   every step (`present.{i}.key/.value` = the whole `past_key_values.{i}.*` followed by the new row), at a cache
@@ -58,10 +59,12 @@ def torch_floors(shapes, repeats: int, batch: int = 1) -> dict[str, float]:
     linears = [torch.nn.Linear(i, o) for i, o in shapes]
     rows = {i: torch.randn(batch, 1, i) for i, _ in shapes}
     fast = [DecodeLinear(linear) for linear in linears]
+    blocked = [DecodeLinear(linear, chunks=4) for linear in linears]
     with torch.inference_mode():
         plain = per_call_ms(lambda: [F.linear(rows[m.in_features], m.weight, m.bias) for m in linears], repeats)
         decode = per_call_ms(lambda: [m(rows[m.in_features]) for m in fast], repeats)
-    return {"PyTorch F.linear": plain, "PyTorch DecodeLinear": decode}
+        bmm = per_call_ms(lambda: [m(rows[m.in_features]) for m in blocked], repeats)
+    return {"PyTorch F.linear": plain, "PyTorch DecodeLinear": decode, "PyTorch blocked bmm": bmm}
 
 
 def onnx_matmuls(shapes, kv: tuple[int, int, int] | None = None, seed: int = 0, batch: int = 1) -> bytes:

@@ -147,6 +147,7 @@ def measure_size(size: str, args, bandwidth: float, work: Path) -> None:
         f"{config.block_size}; every row at {past} cached positions"
     )
     names = {"PyTorch F.linear": "F.linear", "PyTorch DecodeLinear": "DecodeLinear", "ONNX Runtime MatMul": "ORT"}
+    names["PyTorch blocked bmm"] = "bmm"
     print(
         "| rows | products floor, ms (kernel) | KV read, MB | KV read, ms | floor, ms | "
         + " | ".join(f"{key} step, ms (x floor)" for key in args.backends)

@@ -193,15 +193,17 @@ def test_decode_linear_matches_linear_and_shares_its_weight():
     torch.manual_seed(0)
     for bias in (True, False):
         linear = torch.nn.Linear(16, 24, bias=bias)
-        fast = DecodeLinear(linear)
+        assert DecodeLinear(linear).chunks == 1  # F.linear for few rows, by default
+        fast = DecodeLinear(linear, chunks=4)
         assert fast.weight is linear.weight and fast.chunks == 4
-        for rows in (1, 3, 8, 20):  # the batched path for few rows, F.linear past max_rows
+        for rows in (1, 3, 8, 20):  # the batched path for few rows, oneDNN's kernel past max_rows
             x = torch.randn(rows, 1, 16)
             torch.testing.assert_close(fast(x), linear(x), rtol=0, atol=1e-5)
-    assert DecodeLinear(torch.nn.Linear(16, 65)).chunks == 1  # 65 rows do not split into 4 blocks
+            torch.testing.assert_close(DecodeLinear(linear)(x), linear(x), rtol=0, atol=1e-5)
+    assert DecodeLinear(torch.nn.Linear(16, 65), chunks=4).chunks == 1  # 65 rows do not split into 4 blocks
     strided = torch.nn.Linear(16, 24)
     strided.weight = torch.nn.Parameter(torch.randn(16, 24).t())  # (24, 16), not contiguous: no view into blocks
-    fast = DecodeLinear(strided)
+    fast = DecodeLinear(strided, chunks=4)
     assert fast.chunks == 1
     x = torch.randn(1, 1, 16)
     torch.testing.assert_close(fast(x), strided(x), rtol=0, atol=1e-5)

@@ -27,17 +27,19 @@ __all__ = ["DECODE_ATTENTION", "DecodeLinear", "DecodePlan", "decode_attention",
 class DecodeLinear(nn.Module):
     """An inference-only `nn.Linear` (sharing its weight) with a faster path for decoding a few rows.
 
-    Decoding multiplies one row by each weight matrix, which is bound by reading the weights from memory. On CPU,
-    `F.linear` runs that product as a single-threaded matrix-vector product; splitting the (out, in) weight into
-    `chunks` blocks of rows and multiplying them as one batched product (`torch.bmm`, vector broadcast over the
-    batch) streams the weights on every thread (`benchmarks/decode_floor.py` measures both on your machine; figures in
-    docs/benchmarks.md). Same numbers up to float rounding. Prefill and larger batches (more than `max_rows` rows)
-    take oneDNN's linear kernel on weights packed once (`pack_for_onednn`), or `F.linear` where that cannot run.
+    Decoding multiplies a few rows by each weight matrix, which is bound by reading the weights from memory. Up to
+    `max_rows` rows it runs `F.linear` by default (`chunks=1`): with the pinned PyTorch that product streams the
+    weights on every thread, at about the machine's read bandwidth. `chunks` > 1 splits the (out, in) weight into
+    that many blocks of rows multiplied as one batched product (`torch.bmm`, the rows broadcast over the blocks): it
+    was 3x faster than an older `F.linear`'s single-threaded matrix-vector product and is now 2x slower
+    (`benchmarks/decode_floor.py` measures both on your machine; figures in docs/benchmarks.md). Same numbers up to
+    float rounding. Prefill and larger batches (more than `max_rows` rows) take oneDNN's linear kernel on weights
+    packed once (`pack_for_onednn`), or `F.linear` where that cannot run.
     """
 
     max_rows = 8
 
-    def __init__(self, linear: nn.Linear, chunks: int = 4):
+    def __init__(self, linear: nn.Linear, chunks: int = 1):
         super().__init__()
         self.weight, self.bias = linear.weight, linear.bias  # shared, not copied
         self.out_features, self.in_features = linear.weight.shape
