@@ -103,38 +103,42 @@ def add_model_arguments(parser, none_named: str) -> None:
     )
 
 
-def _flag_index(flag: str, named: list[str]) -> int | None:
-    """Where `--model` is among the MODELs: the same spelling, or the NAME of a `NAME=PATH`; None when absent."""
+def _given(args) -> tuple[list[str], str | None, int | None]:
+    """MODEL ... then each `--model-dir`, as given; `--model`; and where `--model` is among them (the same spelling,
+    or the NAME of a `NAME=PATH`; None when absent or not given)."""
+    named = [*getattr(args, "models", ()), *args.model_dir]
+    flag = getattr(args, "model_flag", None)
     for i, spec in enumerate(named):
-        if spec == flag or ("=" in spec and spec.partition("=")[0] == flag):
-            return i
-    return None
+        if flag is not None and (spec == flag or ("=" in spec and spec.partition("=")[0] == flag)):
+            return named, flag, i
+    return named, flag, None
+
+
+def _first(items: list, i: int) -> list:
+    """`items` with item `i` moved to the front."""
+    return [items[i], *items[:i], *items[i + 1 :]]
 
 
 def models_named(args) -> list[str]:
     """The models of `add_model_arguments`' flags, in order: MODEL ..., then each `--model-dir`; `--model` first
     (moved there when it is one of them, by its spelling or a `NAME=PATH`'s NAME; added there when not)."""
-    named = [*getattr(args, "models", ()), *args.model_dir]
-    flag = getattr(args, "model_flag", None)
+    named, flag, i = _given(args)
     if flag is None:
         return named
-    i = _flag_index(flag, named)
-    return [flag, *named] if i is None else [named[i], *named[:i], *named[i + 1 :]]
+    return [flag, *named] if i is None else _first(named, i)
 
 
 def served_model_names(args) -> list[str] | None:
     """`--served-model-name`'s names (in the order of `models_named`), or None when it is not given."""
     names = getattr(args, "served_model_name", None)
-    flag = getattr(args, "model_flag", None)
-    named = [*getattr(args, "models", ()), *args.model_dir]
+    named, flag, i = _given(args)
     if names is None or flag is None or len(names) != len(named):  # a count that differs: `model_folders` says so
         return names
-    i = _flag_index(flag, named)
     if i is None:
         raise ValueError(
             f"--model {flag!r} is not one of the MODELs that --served-model-name names: give it as a MODEL too"
         )
-    return [names[i], *names[:i], *names[i + 1 :]]
+    return _first(names, i)
 
 
 def api_options(args) -> dict:

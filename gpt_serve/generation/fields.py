@@ -149,10 +149,11 @@ def check_engine_value(name: str, value: Any) -> int | float:
     """A sampler field's value against the engine's own bounds (`SamplingParams`): the table's, with the upper bound
     of `ENGINE_UNBOUNDED` lifted (a finite number still; a repetition_penalty below 0.01 still overflows the
     logits); RequestError naming the field otherwise."""
-    f = FIELDS_BY_NAME[name]
-    if name in ENGINE_UNBOUNDED:
-        f = replace(f, hi=None)
+    f = _ENGINE_FIELDS.get(name) or FIELDS_BY_NAME[name]
     return _check_number(f, value, f.hi)
+
+
+_ENGINE_FIELDS = {name: replace(FIELDS_BY_NAME[name], hi=None) for name in ENGINE_UNBOUNDED}
 
 
 def resolve_backend(value: Any) -> str:
