@@ -37,8 +37,10 @@ def runs(data: str, out: Path, threads: int, max_iters: int | None) -> dict[str,
     tuned = get_preset("finetune").train
     steps = max_iters or tuned["max_iters"]
     same = ["--max-iters", str(steps), "--threads", str(threads), "--data", data, "--no-progress", "--snapshots", "0"]
-    if max_iters:  # a shorter run: evaluate about as often as the preset does
+    if max_iters:  # a shorter run: evaluate about as often as the preset does, on fewer batches (a smoke run's
+        # evaluations at 40 batches a split were most of its minutes)
         same += ["--eval-interval", str(max(1, steps // 6)), "--warmup-iters", str(steps // 12)]
+        same += ["--eval-iters", str(min(8, tuned["eval_iters"]))]
     scratch = ["--preset", "small-cpu", "--warmup-iters", str(tuned["warmup_iters"])]
     scratch += ["--eval-interval", str(tuned["eval_interval"]), "--eval-iters", str(tuned["eval_iters"])]
     longer = [*same, "--max-iters", str(2 * steps)]  # the later --max-iters wins: twice the steps, about 5 minutes
