@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .chargpt import register_auto_classes
+
 __version__ = "0.1.0"
 
 _MODEL_CLASSES = {
@@ -35,20 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .chargpt.configuration_chargpt import CharGPTConfig
     from .chargpt.modeling_chargpt import CharGPTForCausalLM, CharGPTModel
     from .chargpt.tokenization_chargpt import CharTokenizer
-
-
-def register_auto_classes() -> None:
-    """Registers `chargpt` with transformers' Auto classes (idempotent; imports torch and transformers)."""
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
-
-    from .chargpt.configuration_chargpt import CharGPTConfig
-    from .chargpt.modeling_chargpt import CharGPTForCausalLM, CharGPTModel
-    from .chargpt.tokenization_chargpt import CharTokenizer
-
-    AutoConfig.register(CharGPTConfig.model_type, CharGPTConfig, exist_ok=True)
-    AutoModel.register(CharGPTConfig, CharGPTModel, exist_ok=True)
-    AutoModelForCausalLM.register(CharGPTConfig, CharGPTForCausalLM, exist_ok=True)
-    AutoTokenizer.register(CharGPTConfig, tokenizer_class=CharTokenizer, exist_ok=True)
 
 
 def __getattr__(name: str):

@@ -24,7 +24,6 @@ quiet loading) are few and short.
 """
 
 import contextlib
-import importlib
 import os
 
 import torch
@@ -573,8 +572,9 @@ CharGPTModel.register_for_auto_class("AutoModel")
 CharGPTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
 if __package__ == "gpt_serve.chargpt":  # as the package's module (not a folder's copy): "chargpt" for the Auto classes
-    # by name, not an import statement: transformers reads a remote-code file's imports as packages it requires
-    importlib.import_module("gpt_serve").register_auto_classes()
+    from . import register_auto_classes  # the package's own; transformers reads `from . import` as no requirement
+
+    register_auto_classes()
 
 __all__ = [
     "CharGPTForCausalLM",
