@@ -146,9 +146,9 @@ ENGINE_UNBOUNDED = ("temperature", "top_k", "repetition_penalty")
 
 
 def check_engine_value(name: str, value: Any) -> int | float:
-    """A sampler field's value against the engine's own bounds (`SamplingParams`): the table's, with the upper bound
-    of `ENGINE_UNBOUNDED` lifted (a finite number still; a repetition_penalty below 0.01 still overflows the
-    logits); RequestError naming the field otherwise."""
+    """A number field's value against the engine's own bounds (`SamplingParams`, `requests.check_request`): the
+    table's, with the upper bound of `ENGINE_UNBOUNDED` lifted (a finite number still; a repetition_penalty below
+    0.01 still overflows the logits); RequestError naming the field otherwise."""
     f = _ENGINE_FIELDS.get(name) or FIELDS_BY_NAME[name]
     return _check_number(f, value, f.hi)
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..chargpt.window import DEFAULT_WINDOW_MODE, WINDOW_MODES, window_keep
 from .backends.interface import check_token_ids
-from .fields import RequestError, check_value
+from .fields import RequestError, check_engine_value
 from .sampling import SamplingParams
 from .token_logprobs import TokenLogprobs
 
@@ -92,10 +92,10 @@ def check_request(request: Request, block_size: int, vocab_size: int) -> None:
     be wrong for this model (its window, its logit_bias ids)."""
     if not isinstance(request, Request):
         raise TypeError(f"submit takes a Request, got {type(request).__name__}")
-    check_value("max_new_tokens", request.max_new_tokens)
+    check_engine_value("max_new_tokens", request.max_new_tokens)
     check_prompt_ids(request.prompt_ids, vocab_size)
     if request.seed is not None:
-        check_value("seed", request.seed)
+        check_engine_value("seed", request.seed)
     if not isinstance(request.sampling, SamplingParams):
         raise TypeError(f"sampling must be a SamplingParams, got {type(request.sampling).__name__}")
     try:
@@ -104,7 +104,7 @@ def check_request(request: Request, block_size: int, vocab_size: int) -> None:
         field_name = "refill_tokens" if request.window_mode in WINDOW_MODES else "window_mode"
         raise RequestError(str(e), field_name) from None
     if request.logprobs is not None:
-        check_value("logprobs", request.logprobs)
+        check_engine_value("logprobs", request.logprobs)
     if request.constraint is not None and getattr(request.constraint, "vocab_size", None) != vocab_size:
         raise ValueError(f"constraint must be a CharAutomaton of this model's vocabulary of {vocab_size} ids")
     if request.logit_bias:
