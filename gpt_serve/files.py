@@ -1,29 +1,9 @@
-"""Files stay inside their folder: the one rule every reader and writer of a model folder follows.
+"""Files stay inside their folder: the one rule every reader and writer of a model folder follows (docs/model.md).
 
-- **Readers take regular files only.** A FIFO, a device or a folder where a model file should be (`vocab.json` a
-  FIFO, `model.safetensors` a link to `/dev/zero`) is a ValueError naming the file, before it is opened: opening a
-  FIFO blocks until someone writes to it, and a device never ends. A link to a regular file is read (a Hugging Face
-  cache's snapshot folders are made of links).
-- **Writers never write through a symbolic link.** Where gpt-serve would write a file or a folder and finds a link
-  there (`README.md` linked to a file elsewhere, `onnx/` linked to another folder, an output folder that is a link),
-  it refuses with one line naming the path (`refuse_link`) and writes nothing: the link's target, outside the
-  folder, is never changed, and the link is not silently replaced either. Files are written under a fresh name
-  beside their destination and renamed over it (`write_file`), so no temporary name can be a link either.
-- **Small files are read with a size cap.** A file that should be a few kilobytes (a JSON record) is read by
-  `read_small`, which refuses anything larger before reading it; a model folder's JSON files by `read_json_file`,
-  whose cap is 1 MiB, 64 MiB for a vocabulary (`json_max_bytes`).
-
-Whole folders and the permissions of what is written:
-
-- `write_new_folder`: a folder written whole or not at all. The files go into a temporary folder beside it, which is
-  renamed to the destination once every file is written: until then the destination does not exist (or, replaced,
-  is still the old folder).
-- `explain_write_error`: a full disk reported as one (torch's serializer says "PytorchStreamWriter failed writing
-  file" without naming the cause; safetensors raises a `SafetensorError` holding Rust's "StorageFull").
-- `file_mode`: the usual permissions (0644 under the common umask), not the 0600 of a `tempfile` file.
-
-Torch-free and pure Python: the ONNX Runtime path, the vocabulary, the loaders, the importer and the training app
-use it.
+Readers take regular files only (`check_regular`: a FIFO or a device is named, never opened) and small files with a
+size cap (`read_small`, `read_json_file`, `json_max_bytes`); writers never write through a symbolic link
+(`refuse_link`) and replace a file or a folder whole (`write_file`, `write_new_folder`), with the usual permissions
+(`file_mode`) and a full disk named as one (`explain_write_error`). Torch-free and pure Python.
 """
 
 from __future__ import annotations
