@@ -123,17 +123,17 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
 
-    from gpt_serve.models import model_path
+    from gpt_serve.generation import ModelFolder
 
     from .exporter import NotTheTrainingText, export_model
     from .report import card_section, format_report, update_model_card
 
     try:
-        folder = model_path(args.model)  # a bad folder is named before the validation text is looked for
-    except ValueError as e:
+        opened = ModelFolder.open(args.model)  # a bad folder is named before the validation text is looked for
+    except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text, source = None, ""
+    folder, text, source = opened.path, None, ""
     if not args.no_quantize:
         try:
             text, source = validation_text(folder, args.data)
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         report = export_model(
-            folder,
+            opened,
             text=text,
             text_source=source,
             quantize=not args.no_quantize,

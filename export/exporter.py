@@ -24,7 +24,7 @@ import torch
 from gpt_serve.chargpt.vocab import CharVocab
 from gpt_serve.files import folder_to_write, refuse_link
 from gpt_serve.folders.corpus import train_val_split
-from gpt_serve.generation import load_backend
+from gpt_serve.generation import ModelFolder, load_backend
 from gpt_serve.generation.backends.onnx_session import load_session, weights_sha256
 from gpt_serve.generation.folder_defaults import read_generation_defaults
 from gpt_serve.models import ONNX_FILE_NAMES
@@ -130,7 +130,7 @@ def check_text_fits(text: str, text_source: str, vocab: CharVocab) -> None:
 
 
 def export_model(
-    model_dir: str | os.PathLike,
+    model_dir: str | os.PathLike | ModelFolder,
     text: str | None = None,
     text_source: str = "validation text",
     quantize: bool = True,
@@ -147,7 +147,7 @@ def export_model(
     `onnx/decoder_inplace_quantized.onnx`; see `export.decoders.DecoderInPlace`).
 
     Args:
-        model_dir: a `save_pretrained` folder of a CharGPT model (with its tokenizer), or a shipped model's name.
+        model_dir: a CharGPT model's `save_pretrained` folder, a shipped model's name, or its opened `ModelFolder`.
         text: the corpus the model was trained on; its validation split (training's split) measures the int8 loss
             change. Required when `quantize`.
         text_source: how the report names `text` (e.g. the file name).
@@ -160,7 +160,7 @@ def export_model(
     if quantize and text is None:
         raise ValueError("the int8 check needs the validation text: pass text= (the training corpus) or quantize=False")
     loaded = load_backend(model_dir, "torch")  # the library's checks of the folder, weights and vocabulary
-    folder, vocab, model = loaded.folder, loaded.vocab, loaded.backend.pretrained.float()
+    folder, vocab, model = loaded.folder.path, loaded.vocab, loaded.backend.pretrained.float()
     check_no_links(folder)
     defaults = read_generation_defaults(folder)  # genai samples as the servers do by default (a bad file: named)
     if quantize:

@@ -26,7 +26,7 @@ POSITIONS_KEY = "model.position_embedding_table.weight"
 def load_base(base: BaseModel) -> CharGPTForCausalLM:
     """The base's model, loaded with every check `load_backend` makes of a folder (its weights all there, in the
     right shapes, finite)."""
-    return load_backend(base.folder, "torch").backend.pretrained
+    return load_backend(base.source, "torch").backend.pretrained
 
 
 def model_from_base(base: BaseModel, vocab: CharVocab, block_size: int, dropout: float | None = None):

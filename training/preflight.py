@@ -13,8 +13,8 @@ from pathlib import Path
 
 from gpt_serve.chargpt.vocab import CharVocab
 from gpt_serve.folders.corpus import TRAIN_FRACTION, load_text, train_val_split
-from gpt_serve.generation.backends.loading import check_config_numbers, check_vocab
-from gpt_serve.models import MODELS_DIR, model_path, read_config
+from gpt_serve.generation import ModelFolder
+from gpt_serve.models import MODELS_DIR
 
 from .config import CONFIG_DEFAULTS, TrainConfig
 from .outputs import CHECKPOINTS_DIR, checkpoint_file
@@ -28,15 +28,23 @@ class BaseModel:
 
     Attributes:
         name: what the model card's `base_model` says: a shipped model's name, else the folder's name.
-        folder: its model folder.
-        config: its `config.json`, checked (a chargpt config, every number finite and within its limit).
-        vocab: its vocabulary, checked against the config and `tokenizer.json`.
+        source: its model folder, opened: the config and vocabulary read and checked (`ModelFolder.open`).
     """
 
     name: str
-    folder: Path
-    config: dict
-    vocab: CharVocab
+    source: ModelFolder
+
+    @property
+    def folder(self) -> Path:
+        return self.source.path
+
+    @property
+    def config(self):
+        return self.source.config
+
+    @property
+    def vocab(self) -> CharVocab:
+        return self.source.vocab
 
     @property
     def shipped(self) -> bool:
@@ -72,14 +80,12 @@ def resolve_base(init_from: str) -> BaseModel:
             f"but no config.json): finish it with --resume, or start from one of its snapshots/ folders"
         )
     try:
-        folder = model_path(init_from)
-    except ValueError as e:  # an unknown name (the message lists the shipped ones), a folder without config.json
+        source = ModelFolder.open(init_from)
+    except ValueError as e:  # an unknown name (the message lists the shipped ones), no config.json, a bad file
         raise ValueError(f"--init-from: {e}") from None
-    config = read_config(folder)
-    check_config_numbers(folder, config)
-    vocab = check_vocab(folder, config)
+    folder = source.path
     name = folder.name if folder.parent == MODELS_DIR else folder.resolve().name
-    return BaseModel(name, folder, config, vocab)
+    return BaseModel(name, source)
 
 
 def extend_vocab(base: CharVocab, text: str) -> CharVocab:

@@ -8,12 +8,12 @@ import sys
 import time
 
 from ..chargpt.vocab import UNK_POLICIES
-from ..generation import BACKENDS, WINDOW_MODES, load_backend, parse_request
+from ..generation import BACKENDS, WINDOW_MODES, ModelFolder, load_backend, parse_request
 from ..generation.fields import DEFAULT_BACKEND, FIELDS_BY_NAME
 from ..generation.folder_defaults import read_generation_defaults
 from ..generation.inline import inline_scheduler
 from ..generation.text import TextStream
-from ..models import DEFAULT_MODEL, model_path
+from ..models import DEFAULT_MODEL
 from .flags import add_generation_config_argument, add_verbose_and_progress, thread_count
 
 # `gpt-serve generate`'s flags that are fields of the request specification (`--max-new-tokens` is max_new_tokens)
@@ -35,28 +35,27 @@ GENERATE_FIELDS = (
 CLI_UNK_HINT = "pass --unk-policy replace (each becomes a space) or --unk-policy drop"
 
 
-def default_prompt(model) -> str:
-    """`gpt-serve generate`'s prompt when none is given: the model's first sample prompt (its folder's
+def default_prompt(folder) -> str:
+    """`gpt-serve generate`'s prompt when none is given: the first sample prompt of the model folder `folder` (its
     corpus.json), else the empty prompt (the text after a newline; also when that record is broken, a warning says
     so: the model generates all the same, as the demo serves it)."""
     from ..folders.corpus_record import corpus_record_or_none
-    from ..models import model_path
 
-    record = corpus_record_or_none(model_path(model))
+    record = corpus_record_or_none(folder)
     return record.default_prompt if record is not None else ""
 
 
 def run(args: argparse.Namespace) -> int:
-    args.model = model_argument(args.model, args.model_flag)
+    folder = ModelFolder.open(model_argument(args.model, args.model_flag))  # read and checked once
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    prompt = default_prompt(args.model) if prompt is None else prompt
-    # every field checked by the request specification before anything loads, as a server checks it
+    prompt = default_prompt(folder.path) if prompt is None else prompt
+    # every field checked by the request specification before the backend loads, as a server checks it
     fields = {name: getattr(args, name) for name in GENERATE_FIELDS}
-    defaults = read_generation_defaults(model_path(args.model), args.generation_config)  # the folder's, named
+    defaults = read_generation_defaults(folder.path, args.generation_config)  # the folder's, named
     request = parse_request(
         {**fields, "prompt": prompt, "structured_outputs": structured_outputs(args)}, None, defaults
     )
-    loaded = load_backend(args.model, request.backend, args.threads)
+    loaded = load_backend(folder, request.backend, args.threads)
     # refuses unknown characters here, naming the flag that accepts them
     text = TextStream(inline_scheduler(loaded.backend), loaded.vocab, request, unk_hint=CLI_UNK_HINT)
     out = sys.stdout

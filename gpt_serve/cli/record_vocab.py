@@ -6,7 +6,7 @@ import argparse
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..generation.backends.loading import record_vocab_sha256
+    from ..generation.model_folder import record_vocab_sha256
 
     path, digest = record_vocab_sha256(args.model)
     print(f"gpt-serve record-vocab: {path} now records vocab_sha256 {digest}")

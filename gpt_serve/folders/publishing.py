@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..chargpt.chat_format import read_chat_format
 from ..files import write_file, write_new_folder
-from ..models import MODEL_FILE_NAMES, ONNX_FILE_NAMES, model_path
+from ..models import MODEL_FILE_NAMES, ONNX_FILE_NAMES
 from ..onnx_contract import ONNX_SUBDIR
 from .corpus_record import read_corpus_record, write_corpus_record
 from .snapshots import SNAPSHOTS_DIR, STEP_FILE_NAME, read_step_record, write_step_record
@@ -140,10 +140,12 @@ def write_self_contained(source: str | os.PathLike, out: str | os.PathLike, repl
     model's files and nothing else (`plan_copy` says what is skipped)."""
     from .. import CharTokenizer
     from ..generation.backends.loading import load_backend
+    from ..generation.model_folder import ModelFolder
 
-    folder = model_path(source)
+    opened = ModelFolder.open(source)
+    folder = opened.path
     check_outside(folder, out)
-    loaded = load_backend(folder, "torch")  # every check of a load: safetensors only, vocabulary, finite weights
+    loaded = load_backend(opened, "torch")  # every check of a load: safetensors only, vocabulary, finite weights
     model = loaded.backend.pretrained
     model.config.auto_map = {}  # ours alone: save_pretrained writes the entries of the package's classes
     chat = read_chat_format(folder, loaded.vocab.chars)  # its chat format, checked (one it records none of: the play's)

@@ -12,7 +12,8 @@ request's journey through these modules.
   structured output compiled for a vocabulary);
 - the loop: `scheduler` (`Scheduler`) with `requests` (its `Request`, `Stream`), `waiting`, `batch`, `rows` (a row's
   state, penalties and draw), `logprobs`, `runner`;
-- `backends`: `interface` (`Backend`), `loading` (`load_backend`), the PyTorch and ONNX Runtime backends.
+- a model: `model_folder` (`ModelFolder`: a folder read and checked once); `backends`: `interface` (`Backend`),
+  `loading` (`load_backend`), the PyTorch and ONNX Runtime backends.
 
 Importing this package imports neither torch nor onnxruntime; each backend module imports its own runtime.
 """
@@ -22,6 +23,7 @@ from .backends.interface import Backend
 from .backends.loading import LoadedModel, load_backend
 from .fields import BACKENDS, RequestError
 from .inline import generate_text, generate_tokens, stream_text
+from .model_folder import ModelFolder
 from .requests import EngineError
 from .sampling import SamplingParams
 from .spec import GenerationRequest, parse_request
@@ -34,6 +36,7 @@ __all__ = [
     "EngineError",
     "GenerationRequest",
     "LoadedModel",
+    "ModelFolder",
     "RequestError",
     "SamplingParams",
     "generate_text",

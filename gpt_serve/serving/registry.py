@@ -25,10 +25,11 @@ from ..folders.corpus_record import CorpusRecord, corpus_record_or_none
 from ..generation.backends.loading import LoadedModel, check_backend_key, load_backend
 from ..generation.fields import BACKENDS, RequestError, show_value
 from ..generation.folder_defaults import check_mode, read_generation_defaults
+from ..generation.model_folder import ModelFolder
 from ..generation.requests import Request
 from ..generation.runner import torch_runner
 from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_PREEMPT_AFTER, Scheduler
-from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, model_path, read_config
+from ..models import DEFAULT_MODEL, LADDER, MODELS_DIR, discover, is_model_folder, model_path
 from ..onnx_contract import onnx_path
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class ModelRegistry:
         self.models_root = Path(models_root)  # where a missing named model was looked for
         self.max_batch, self.max_queue, self.preempt_after = max_batch, max_queue, preempt_after
         self.generation_config = check_mode(generation_config)
-        self._folder_records: dict[tuple[str, str], Any] = {}  # (model, what) -> its defaults or chat format
+        self._folder_records: dict[tuple[str, str], Any] = {}  # (model, what) -> its ModelFolder, defaults, chat
         self._loaded: dict[tuple[str, str], Any] = {}
         self._schedulers: dict[tuple[str, str], Scheduler] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -260,16 +261,17 @@ class ModelRegistry:
                 )
         return None
 
+    def model_folder(self, name: str) -> ModelFolder:
+        """The model's folder, read and checked once (`ModelFolder.open`) and shared by its backends and the
+        surfaces; ModelUnavailable naming the file and what is wrong."""
+        return self._folder_record(name, "folder", ModelFolder.open)
+
     def info(self, name: str) -> dict[str, Any]:
         """What the UI shows about a model: its architecture (config.json) and, when the training wrote
         `metrics.jsonl`, its last validation loss (`val_loss`, None otherwise)."""
-        folder = self.folder(name)
-        try:
-            config = read_config(folder)
-        except ValueError as e:
-            raise ModelUnavailable(f"model {name!r} cannot be served: {e}") from None
+        folder = self.model_folder(name)
         keys = ("block_size", "n_embd", "n_head", "n_layer", "vocab_size")
-        return {**{k: config.get(k) for k in keys}, "val_loss": _last_val_loss(folder / "metrics.jsonl")}
+        return {**{k: folder.config.get(k) for k in keys}, "val_loss": _last_val_loss(folder.path / "metrics.jsonl")}
 
     def corpus(self, name: str) -> CorpusRecord | None:
         """What the model folder records of its training text (`corpus.json`), for the surfaces that present it;
@@ -282,12 +284,10 @@ class ModelRegistry:
 
     def vocab_sha256(self, name: str) -> str | None:
         """The hash of the model's vocabulary (`vocab.json`): models with the same one read a prompt the same way.
-        None when the model is missing or its vocabulary unreadable (its requests say why)."""
-        from ..chargpt.vocab import VOCAB_FILE_NAME, CharVocab
-
+        None when the model is missing or its folder fails its checks (its requests say why)."""
         try:
-            return CharVocab.from_file(self.folder(name) / VOCAB_FILE_NAME).sha256
-        except (RequestError, OSError, ValueError):
+            return self.model_folder(name).vocab.sha256
+        except RequestError:
             return None
 
     def generation_defaults(self, name: str) -> dict[str, Any]:
@@ -298,11 +298,8 @@ class ModelRegistry:
     def chat_format(self, name: str) -> ChatFormat | None:
         """The model's chat format (`gpt_serve.chargpt.chat_format.read_chat_format`; None: it has none);
         ModelUnavailable naming the file of a bad one."""
-        from ..chargpt.vocab import VOCAB_FILE_NAME, CharVocab
-
-        return self._folder_record(
-            name, "chat", lambda f: read_chat_format(f, CharVocab.from_file(f / VOCAB_FILE_NAME).chars)
-        )
+        chars = self.model_folder(name).vocab.chars
+        return self._folder_record(name, "chat", lambda f: read_chat_format(f, chars))
 
     def _folder_record(self, name: str, what: str, read) -> Any:
         key = (name, what)
@@ -324,7 +321,7 @@ class ModelRegistry:
         reason = self.unavailable_reason(*key)
         if reason:
             raise ModelUnavailable(reason)
-        folder = self.folder(name)
+        folder = self.model_folder(name)
         self.generation_defaults(name)  # a bad generation config is refused at load, named
         with self._locks_lock:
             lock = self._locks.setdefault(key, threading.Lock())

@@ -137,7 +137,7 @@ def test_closing_the_stream_stops_the_compute(registry):
 
     class Registry(type(registry)):
         def backend(self, name, backend):
-            return LoadedModel(loaded.folder, "torch", Counting(), loaded.vocab, 0.0)
+            return LoadedModel(loaded.folder, "torch", Counting(), 0.0)
 
     counting = Registry(registry.folders, threads=1)
     activity = Activity()

@@ -105,7 +105,7 @@ def test_no_writer_writes_through_a_link(tmp_path, link_outside):
 def test_record_vocab_refuses_a_linked_config(tmp_path, tiny_model_dir):
     import shutil
 
-    from gpt_serve.generation.backends.loading import record_vocab_sha256
+    from gpt_serve.generation.model_folder import record_vocab_sha256
 
     folder = shutil.copytree(tiny_model_dir, tmp_path / "m")
     real = tmp_path / "config-elsewhere.json"

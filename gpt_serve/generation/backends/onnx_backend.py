@@ -29,8 +29,6 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ...chargpt.vocab import VOCAB_FILE_NAME, CharVocab
-from ...models import model_path
 from ...onnx_contract import (
     ATTENTION_MASK_NAME,
     BLOCK_SIZE_KEY,
@@ -47,6 +45,7 @@ from ...onnx_contract import (
     past_names,
     present_names,
 )
+from ..model_folder import ModelFolder
 from .interface import check_token_ids
 from .onnx_batches import OnnxCache, OnnxDecodeBatch, OnnxInPlaceBatch
 from .onnx_session import (
@@ -66,8 +65,8 @@ class OnnxBackend:
     """Runs a model folder's ONNX export for the generation engine (`gpt_serve.generation.inline`), without torch.
 
     Args:
-        model_dir: a model folder (holding `config.json`, `vocab.json` and `onnx/`), or the name of a shipped model
-            (see `gpt_serve.models.list_models`).
+        model_dir: a model folder (holding `config.json`, `vocab.json` and `onnx/`), the name of a shipped model
+            (see `gpt_serve.models.list_models`), or a `ModelFolder` already opened (not read again).
         quantized: load `onnx/model_quantized.onnx` (int8 weights) instead of `onnx/model.onnx` (fp32).
         int8_compute: for the int8 file, ONNX Runtime's int8 kernel (the weights stay int8 in memory: faster where
             they do not fit in the CPU's cache); False dequantizes them once at load and computes in fp32, as the
@@ -81,20 +80,22 @@ class OnnxBackend:
 
     Raises:
         FileNotFoundError: the ONNX file (or `vocab.json`) is missing.
-        ValueError: the ONNX file (or the in-place graph beside it) is truncated or corrupt, was not written by
-            `python -m export`, or does not match the folder's vocabulary, config or main graph.
+        ValueError: the folder fails `ModelFolder.open`'s checks, or the ONNX file (or the in-place graph beside
+            it) is truncated or corrupt, was not written by `python -m export`, or does not match the folder's
+            vocabulary, config or main graph.
     """
 
     def __init__(
         self,
-        model_dir: str | os.PathLike,
+        model_dir: str | os.PathLike | ModelFolder,
         quantized: bool = False,
         threads: int | None = None,
         providers=None,
         int8_compute: bool = True,
         inplace: bool = True,
     ):
-        self.model_dir = model_path(str(model_dir))
+        self.folder = ModelFolder.open(model_dir)
+        self.model_dir, self.vocab = self.folder.path, self.folder.vocab
         self.quantized = bool(quantized)
         self.path = onnx_path(self.model_dir, self.quantized)
         self.description = f"the {'onnx-int8' if quantized else 'onnx'} backend (ONNX Runtime) of {self.path}"
@@ -106,8 +107,7 @@ class OnnxBackend:
         self.n_layer = int(self.metadata[N_LAYER_KEY])
         self.n_head = int(self.metadata[N_HEAD_KEY])
         self.head_size = int(self.metadata[HEAD_SIZE_KEY])
-        self.vocab = CharVocab.from_file(self.model_dir / VOCAB_FILE_NAME)
-        check_folder(self.path, self.metadata, self.vocab)
+        check_folder(self.path, self.metadata, self.folder)
         check_io(self.session, self.path, [*INPUT_NAMES, *past_names(self.n_layer)], INPUT_NAMES)
         self._past_names = past_names(self.n_layer)
         self._present_names = present_names(self.n_layer)

@@ -18,8 +18,8 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
-from ...chargpt.vocab import VOCAB_FILE_NAME, CharVocab
-from ...models import CONFIG_FILE_NAME, WEIGHTS_FILE_NAME, read_config
+from ...chargpt.vocab import VOCAB_FILE_NAME
+from ...models import CONFIG_FILE_NAME, WEIGHTS_FILE_NAME
 from ...onnx_contract import (
     CACHE_LENGTHS_NAME,
     CONFIG_KEYS_CHECKED,
@@ -39,6 +39,7 @@ from ...onnx_contract import (
     cache_names,
     present_names,
 )
+from ..model_folder import ModelFolder
 from .threads import check_threads
 
 EXPORT_HINT = "export it with `python -m export {model_dir}` (or `gpt-serve export {model_dir}`)"
@@ -144,9 +145,9 @@ def check_metadata(path: Path, metadata: dict[str, str], expected_format: str) -
         )
 
 
-def check_folder(path: Path, metadata: dict[str, str], vocab: CharVocab) -> None:
-    """The graph at `path` (its `metadata`) was exported from its folder's vocabulary (`vocab`), config and weights."""
-    model_dir = path.parent.parent
+def check_folder(path: Path, metadata: dict[str, str], folder: ModelFolder) -> None:
+    """The graph at `path` (its `metadata`) was exported from `folder`'s vocabulary, config and weights."""
+    model_dir, vocab, config = folder.path, folder.vocab, folder.config
     vocab_file, vocab_size = model_dir / VOCAB_FILE_NAME, int(metadata[VOCAB_SIZE_KEY])
     if vocab.sha256 != metadata[VOCAB_SHA256_KEY] or len(vocab) != vocab_size:
         raise ValueError(
@@ -156,7 +157,6 @@ def check_folder(path: Path, metadata: dict[str, str], vocab: CharVocab) -> None
             f"characters: use the vocab.json the model was trained with, or re-" + _export_hint(path)
         )
     config_file = model_dir / CONFIG_FILE_NAME
-    config = read_config(model_dir)
     onnx_values = {k: int(metadata[k]) for k in CONFIG_KEYS_CHECKED}
     stale = {k: (config.get(k), v) for k, v in onnx_values.items() if config.get(k) != v}
     if stale:

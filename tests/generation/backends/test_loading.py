@@ -21,7 +21,7 @@ def copy(folder: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("key", list(BACKENDS))
 def test_every_backend_loads_from_a_name_or_a_folder(exported_dir, key):
     loaded = load_backend(exported_dir, key, threads=1)
-    assert isinstance(loaded, LoadedModel) and loaded.backend_key == key and loaded.folder == exported_dir
+    assert isinstance(loaded, LoadedModel) and loaded.backend_key == key and loaded.folder.path == exported_dir
     assert isinstance(loaded.backend, TorchBackend if key == "torch" else OnnxBackend)
     assert len(loaded.vocab) == 65 and loaded.block_size == 16
     assert load_backend("ladder-a", key, threads=1).block_size == 8  # a shipped model, by name

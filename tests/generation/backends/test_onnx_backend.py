@@ -17,6 +17,7 @@ from gpt_serve.generation.backends.onnx_backend import OnnxBackend
 from gpt_serve.generation.backends.onnx_session import UnsupportedGraph, run_inplace
 from gpt_serve.generation.backends.torch_backend import TorchBackend
 from gpt_serve.generation.inline import generate_tokens, stream_text
+from gpt_serve.generation.model_folder import record_vocab_sha256
 from gpt_serve.generation.sampling import SamplingParams
 from gpt_serve.models import DEFAULT_MODEL, list_models, model_path
 from gpt_serve.onnx_contract import onnx_path
@@ -274,6 +275,10 @@ def test_mismatched_vocabulary_is_refused(tmp_path, exported_dir):
     a, b = "a", "b"
     mapping[a], mapping[b] = mapping[b], mapping[a]  # same size, two ids swapped: text would decode wrongly
     (folder / "vocab.json").write_text(json.dumps(mapping), encoding="utf-8")
+    with pytest.raises(ValueError, match="vocab.json is not the vocabulary the model was trained with"):
+        OnnxBackend(folder)  # the folder's own check (`ModelFolder.open`), as every backend's
+    (folder / "tokenizer.json").unlink()
+    record_vocab_sha256(folder)  # the folder now agrees with itself; its export still has the old vocabulary
     with pytest.raises(ValueError, match="vocabulary mismatch"):
         OnnxBackend(folder)
     del mapping["z"]
