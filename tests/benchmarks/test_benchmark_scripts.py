@@ -75,6 +75,27 @@ def test_decode_gap_refuses_what_it_cannot_measure(args, message):
     assert_refused("decode_gap.py", args, message)
 
 
+def test_decode_attention_times_every_variant_and_the_paired_steps():
+    out = run_script(
+        "decode_attention.py",
+        *("--size", "shipped", "--rows", "1", "9", "--threads", "1", "--repeats", "1", "--rounds", "1"),
+    )
+    header = next(line for line in out.splitlines() if line.startswith("| size |"))
+    assert header.count(" | ") == 11  # size, rows, threads, eight variants, load
+    for rows in (1, 9):
+        row = next(line for line in out.splitlines() if line.startswith(f"| shipped | {rows} | 1 |"))
+        assert row.count(" / ") == 8, row  # no mask / mask for each variant
+    out = run_script(
+        "decode_attention.py",
+        *("--steps", "--size", "shipped", "--rows", "1", "3", "--threads", "1", "--repeats", "1", "--rounds", "2"),
+    )
+    assert sum(line.startswith("| shipped | ") for line in out.splitlines()) == 2, out
+
+
+def test_decode_attention_refuses_what_it_cannot_measure():
+    assert_refused("decode_attention.py", ["--rows", "4", "0"], "--rows must be >= 1, got 0")
+
+
 @pytest.mark.slow
 def test_training_benchmark(data_path, tmp_path):
     out = run_script(
