@@ -69,7 +69,7 @@ def load_backend(
     threads = check_threads(threads)
     folder = ModelFolder.open(model)
     if key == "torch":
-        runner = _torch_backend(folder.path, threads)
+        runner = _torch_backend(folder, threads)
     else:
         try:
             from .onnx_backend import OnnxBackend
@@ -79,11 +79,11 @@ def load_backend(
     return LoadedModel(folder, key, runner, time.perf_counter() - start)
 
 
-def _torch_backend(folder: Path, threads: int | None):
+def _torch_backend(opened: ModelFolder, threads: int | None):
     try:
         import torch
 
-        from ... import CharGPTForCausalLM
+        from ... import CharGPTConfig, CharGPTForCausalLM
         from .torch_backend import TorchBackend
     except ImportError as e:  # a torch-free install: numpy + onnxruntime and the package without dependencies
         raise MissingDependency(
@@ -92,6 +92,7 @@ def _torch_backend(folder: Path, threads: int | None):
             name=e.name,
         ) from None
 
+    folder = opened.path
     weights = check_regular(folder / WEIGHTS_FILE_NAME)
     if not weights.is_file():
         found = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".safetensors"))
@@ -104,7 +105,10 @@ def _torch_backend(folder: Path, threads: int | None):
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        model, info = CharGPTForCausalLM.from_pretrained(folder, use_safetensors=True, output_loading_info=True)
+        config = CharGPTConfig.from_dict(dict(opened.config))  # the config read and checked, not read again
+        model, info = CharGPTForCausalLM.from_pretrained(
+            folder, config=config, use_safetensors=True, output_loading_info=True
+        )
     except (OSError, RuntimeError, ValueError) as e:  # SafetensorError is an Exception: caught below
         raise ValueError(f"cannot load the weights in {weights}: {type(e).__name__}: {str(e)[:300]}") from None
     except Exception as e:
