@@ -10,9 +10,9 @@ This script times exactly those products, with random weights that do not fit in
 
 - PyTorch `F.linear` (the (out, in) layout of `nn.Linear`);
 - PyTorch `DecodeLinear` (`gpt_serve.generation.backends.torch_decode`), what the PyTorch engine decodes with:
-  `F.linear` up to 8 rows, oneDNN's linear kernel on the weight packed once past that;
-- PyTorch blocked bmm (`DecodeLinear(chunks=4)`): a batched product over 4 blocks of the weight up to 8 rows, the
-  engine's path before `F.linear` overtook it;
+  oneDNN's linear kernel on the weight packed once, at every row count;
+- PyTorch blocked bmm (`DecodeLinear(chunks=4, max_rows=8)`): a batched product over 4 blocks of the weight up to
+  8 rows (oneDNN past that), an earlier path of the engine;
 - ONNX Runtime: a graph of nothing but the same MatMuls (no attention, no KV cache, no other nodes), fp32;
 - ONNX Runtime: the same MatMuls plus, per layer, the two `Concat`s a Hugging Face-style decoder graph makes at
   every step (`present.{i}.key/.value` = the whole `past_key_values.{i}.*` followed by the new row), at a cache
@@ -59,7 +59,7 @@ def torch_floors(shapes, repeats: int, batch: int = 1) -> dict[str, float]:
     linears = [torch.nn.Linear(i, o) for i, o in shapes]
     rows = {i: torch.randn(batch, 1, i) for i, _ in shapes}
     fast = [DecodeLinear(linear) for linear in linears]
-    blocked = [DecodeLinear(linear, chunks=4) for linear in linears]
+    blocked = [DecodeLinear(linear, chunks=4, max_rows=8) for linear in linears]
     with torch.inference_mode():
         plain = per_call_ms(lambda: [F.linear(rows[m.in_features], m.weight, m.bias) for m in linears], repeats)
         decode = per_call_ms(lambda: [m(rows[m.in_features]) for m in fast], repeats)

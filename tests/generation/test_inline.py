@@ -193,8 +193,8 @@ def test_decode_linear_matches_linear_and_shares_its_weight():
     torch.manual_seed(0)
     for bias in (True, False):
         linear = torch.nn.Linear(16, 24, bias=bias)
-        assert DecodeLinear(linear).chunks == 1  # F.linear for few rows, by default
-        fast = DecodeLinear(linear, chunks=4)
+        assert DecodeLinear(linear).max_rows == 0  # oneDNN's kernel at every row count, by default
+        fast = DecodeLinear(linear, chunks=4, max_rows=8)
         assert fast.weight is linear.weight and fast.chunks == 4
         for rows in (1, 3, 8, 20):  # the batched path for few rows, oneDNN's kernel past max_rows
             x = torch.randn(rows, 1, 16)

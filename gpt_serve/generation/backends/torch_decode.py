@@ -25,22 +25,22 @@ __all__ = ["DECODE_ATTENTION", "DecodeLinear", "DecodePlan", "decode_attention",
 
 
 class DecodeLinear(nn.Module):
-    """An inference-only `nn.Linear` (sharing its weight) with a faster path for decoding a few rows.
+    """An inference-only `nn.Linear` (sharing its weight) that runs oneDNN's linear kernel on its weight packed once
+    (`pack_for_onednn`), or `F.linear` where that cannot run, at every row count.
 
-    Decoding multiplies a few rows by each weight matrix, which is bound by reading the weights from memory. Up to
-    `max_rows` rows it runs `F.linear` by default (`chunks=1`): with the pinned PyTorch that product streams the
-    weights on every thread, at about the machine's read bandwidth. `chunks` > 1 splits the (out, in) weight into
-    that many blocks of rows multiplied as one batched product (`torch.bmm`, the rows broadcast over the blocks): it
-    was 3x faster than an older `F.linear`'s single-threaded matrix-vector product and is now 2x slower
-    (`benchmarks/decode_floor.py` measures both on your machine; figures in docs/benchmarks.md). Same numbers up to
-    float rounding. Prefill and larger batches (more than `max_rows` rows) take oneDNN's linear kernel on weights
-    packed once (`pack_for_onednn`), or `F.linear` where that cannot run.
+    Decoding multiplies a few rows by each weight matrix, bound by reading the weights from memory, and which kernel
+    streams them fastest depends on the CPU: `F.linear` (MKL) was 2x the blocked product on one machine of this kind
+    (Intel) and 2.2x slower than oneDNN on another (AMD, where MKL takes a slow path), while oneDNN was the fastest or
+    within 6% of it at 1-8 rows there and the fastest past 8 rows on both (`benchmarks/decode_floor.py` measures the
+    paths on your machine; figures in docs/benchmarks.md). For those comparisons, up to `max_rows` rows (0 by
+    default: none) it runs `F.linear` (`chunks=1`) or splits the (out, in) weight into `chunks` blocks of rows
+    multiplied as one batched product (`torch.bmm`, the rows broadcast over the blocks). Same numbers up to float
+    rounding.
     """
 
-    max_rows = 8
-
-    def __init__(self, linear: nn.Linear, chunks: int = 1):
+    def __init__(self, linear: nn.Linear, chunks: int = 1, max_rows: int = 0):
         super().__init__()
+        self.max_rows = max_rows
         self.weight, self.bias = linear.weight, linear.bias  # shared, not copied
         self.out_features, self.in_features = linear.weight.shape
         # The blocks are a view of the weight: that needs a contiguous weight whose rows split evenly.
