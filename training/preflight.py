@@ -8,8 +8,10 @@ from Python), so every message names the flag to change. Torch-free.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpt_serve.chargpt.vocab import CharVocab
 from gpt_serve.folders.corpus import TRAIN_FRACTION, load_text, train_val_split
@@ -39,7 +41,7 @@ class BaseModel:
         return self.source.path
 
     @property
-    def config(self):
+    def config(self) -> Mapping[str, Any]:
         return self.source.config
 
     @property

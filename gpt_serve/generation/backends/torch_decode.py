@@ -29,13 +29,14 @@ class DecodeLinear(nn.Module):
     (`pack_for_onednn`), or `F.linear` where that cannot run, at every row count.
 
     Decoding multiplies a few rows by each weight matrix, bound by reading the weights from memory, and which kernel
-    streams them fastest depends on the CPU: `F.linear` (MKL) was 2x the blocked product on one machine of this kind
-    (Intel) and 2.2x slower than oneDNN on another (AMD, where MKL takes a slow path), while oneDNN was the fastest or
-    within 6% of it at 1-8 rows there and the fastest past 8 rows on both (`benchmarks/decode_floor.py` measures the
-    paths on your machine; figures in docs/benchmarks.md). For those comparisons, up to `max_rows` rows (0 by
-    default: none) it runs `F.linear` (`chunks=1`) or splits the (out, in) weight into `chunks` blocks of rows
-    multiplied as one batched product (`torch.bmm`, the rows broadcast over the blocks). Same numbers up to float
-    rounding.
+    streams them fastest depends on the CPU and the size: `F.linear` (MKL) was 2x the blocked product on one machine
+    of this kind (Intel) and 2.2x slower than oneDNN on the lesson's size on another (AMD, where MKL takes a slow
+    path). No kernel was the fastest at one row everywhere; oneDNN was the fastest past one row on the lesson's size
+    there and past 8 rows on both, and costs a fixed time per call that small in-cache matrices feel at one row
+    (`benchmarks/decode_floor.py` measures the paths on your machine; figures in docs/benchmarks.md). For those
+    comparisons, up to `max_rows` rows (0 by default: none) it runs `F.linear` (`chunks=1`) or splits the (out, in)
+    weight into `chunks` blocks of rows multiplied as one batched product (`torch.bmm`, the rows broadcast over the
+    blocks). Same numbers up to float rounding.
     """
 
     def __init__(self, linear: nn.Linear, chunks: int = 1, max_rows: int = 0):
