@@ -278,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--unshared",
         action="store_true",
-        help="with --over scheduler: rows with the same prompt each prefill it (no fork), to compare with",
+        help="with --over scheduler: rows with the same prompt each prefill it (no fork, no prompt cache), to "
+        "compare with",
     )
     p.add_argument("--prompt", default="ROMEO:")
     p.add_argument("--window-mode", choices=["exact", "refill"], default="refill")
@@ -366,6 +367,8 @@ def bench(args, work: Path) -> int:
                 )  # fmt: skip
                 loaded, scheduler = registry.backend("model", key), registry.scheduler("model", key)
                 scheduler.share_prompts = not args.unshared
+                if args.unshared:  # nor kept across iterations by the backend
+                    loaded.backend.prompt_cache = None
                 ids = loaded.vocab.encode(args.prompt)
                 consume = scheduler_stream(scheduler, ids, args.tokens, args.window_mode, args.n)
                 warm = scheduler_stream(scheduler, ids, WARM_TOKENS, args.window_mode, args.n)

@@ -42,6 +42,7 @@ from gpt_serve.cli.server_flags import (
     interrupt,
     models_named,
     preempt_after,
+    prompt_cache_bytes,
     request_caps,
     served_model_names,
     server_limits,
@@ -188,6 +189,7 @@ def demo_registry(args):
         max_batch=args.concurrency,
         generation_config=args.generation_config,
         preempt_after=preempt_after(args),
+        prompt_cache_bytes=prompt_cache_bytes(args),
     )
     if named or served is not None:
         return ModelRegistry.serving(named, served, args.models_root, **options)

@@ -169,6 +169,7 @@ def checkpoint_comparison(
         max_batch=registry.max_batch,
         max_queue=registry.max_queue,
         preempt_after=registry.preempt_after,
+        prompt_cache_bytes=registry.prompt_cache_bytes,
     )
     vocab = registry.vocab_sha256(default_model)
     columns = [_snapshot_column(own, f"{default_model}@{f.name}", f, default_model, vocab) for f in shown]

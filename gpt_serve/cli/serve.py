@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     registry = ModelRegistry.serving(
         server_flags.models_named(args), server_flags.served_model_names(args), args.models_root, threads=args.threads,
         max_batch=args.max_batch, max_queue=args.max_queue, generation_config=args.generation_config,
-        preempt_after=server_flags.preempt_after(args),
+        preempt_after=server_flags.preempt_after(args), prompt_cache_bytes=server_flags.prompt_cache_bytes(args),
     )  # fmt: skip
     if not args.no_preload:  # the first request should not wait for a model to load
         print(f"gpt-serve serve: {registry.preload(args.backend)[1]}", file=sys.stderr)
@@ -98,6 +98,7 @@ def _ray_options(args: argparse.Namespace):
         max_tokens_limit=args.max_tokens_limit,
         generation_config=args.generation_config,
         preempt_after=server_flags.preempt_after(args),
+        prompt_cache_bytes=server_flags.prompt_cache_bytes(args),
         max_request_tokens=args.max_request_tokens,
         max_request_logprobs=args.max_request_logprobs,
         max_body_bytes=limits.max_body_bytes,

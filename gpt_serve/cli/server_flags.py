@@ -11,6 +11,7 @@ import os
 import re
 import signal
 
+from ..generation.backends.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
 from ..generation.scheduler import DEFAULT_PREEMPT_AFTER
 from ..serving.request_caps import RequestCaps
 from ..serving.server_limits import ServerLimits
@@ -192,6 +193,13 @@ def add_sharing_arguments(parser) -> None:
         f"the same tokens; 0: never; default {DEFAULT_PREEMPT_AFTER})",
     )
     parser.add_argument(
+        "--prompt-cache-mb",
+        type=non_negative_int,
+        default=DEFAULT_PROMPT_CACHE_BYTES // 2**20,
+        help="MiB each loaded model keeps of the prompts it prefilled, so that a prompt seen before is copied in, "
+        f"not computed again (0: none; default {DEFAULT_PROMPT_CACHE_BYTES // 2**20})",
+    )
+    parser.add_argument(
         "--max-request-tokens",
         type=positive_int,
         default=caps.max_request_tokens,
@@ -210,6 +218,11 @@ def add_sharing_arguments(parser) -> None:
 def preempt_after(args) -> int | None:
     """The scheduler's `preempt_after` of `--preempt-after` (0: None, never)."""
     return args.preempt_after or None
+
+
+def prompt_cache_bytes(args) -> int:
+    """The registry's `prompt_cache_bytes` of `--prompt-cache-mb`."""
+    return args.prompt_cache_mb * 2**20
 
 
 def request_caps(args) -> RequestCaps:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..extras import missing_extra
 from ..generation.backends.loading import check_backend_key
+from ..generation.backends.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES
 from ..generation.fields import DEFAULT_BACKEND, MAX_NEW_TOKENS
 from ..generation.scheduler import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_PREEMPT_AFTER
 from .registry import ModelRegistry
@@ -68,6 +69,9 @@ class RayServeOptions(BaseModel):
         ge=1,
         description="tokens a row makes before it yields to a waiting request (None: never)",
     )
+    prompt_cache_bytes: int = Field(
+        DEFAULT_PROMPT_CACHE_BYTES, ge=0, description="what each loaded model keeps of the prompts it prefilled"
+    )
     max_request_tokens: int = Field(MAX_REQUEST_TOKENS, ge=1, description="choices x max_tokens of one request")
     max_request_logprobs: int = Field(MAX_REQUEST_LOGPROBS, ge=1, description="logprob entries of one request")
     max_body_bytes: int = Field(MAX_BODY_BYTES, ge=1, description="the largest request body accepted (413 past it)")
@@ -95,6 +99,7 @@ class RayServeOptions(BaseModel):
             (*self.models, *self.model_dirs), self.served_model_names, self.models_root, threads=self.replica_threads,
             max_batch=self.max_batch, max_queue=self.max_queue,
             generation_config=self.generation_config, preempt_after=self.preempt_after,
+            prompt_cache_bytes=self.prompt_cache_bytes,
         )  # fmt: skip
 
 

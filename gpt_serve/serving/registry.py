@@ -23,6 +23,7 @@ from typing import Any
 from ..chargpt.chat_format import ChatFormat, read_chat_format
 from ..folders.corpus_record import CorpusRecord, corpus_record_or_none
 from ..generation.backends.loading import LoadedModel, check_backend_key, load_backend
+from ..generation.backends.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache
 from ..generation.fields import BACKENDS, RequestError, show_value
 from ..generation.folder_defaults import check_mode, read_generation_defaults
 from ..generation.model_folder import ModelFolder
@@ -126,6 +127,7 @@ class ModelRegistry:
             (`gpt_serve.generation.folder_defaults`); "vllm": the request specification's own.
         default: the default model (`default_model`; None: the shipped default if present, else the first).
         preempt_after: the tokens a row makes before it yields to a waiting request (None: never; `Scheduler`).
+        prompt_cache_bytes: what each loaded backend keeps of the prompts it prefilled (`load_backend`; 0: none).
     """
 
     def __init__(
@@ -138,6 +140,7 @@ class ModelRegistry:
         generation_config: str = "auto",
         default: str | None = None,
         preempt_after: int | None = DEFAULT_PREEMPT_AFTER,
+        prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
     ):
         if not folders:
             raise ValueError("a ModelRegistry needs at least one model name")
@@ -148,6 +151,7 @@ class ModelRegistry:
         self.threads = threads
         self.models_root = Path(models_root)  # where a missing named model was looked for
         self.max_batch, self.max_queue, self.preempt_after = max_batch, max_queue, preempt_after
+        self.prompt_cache_bytes = PromptCache(prompt_cache_bytes).max_bytes  # checked before any model loads
         self.generation_config = check_mode(generation_config)
         self._folder_records: dict[tuple[str, str], Any] = {}  # (model, what) -> its ModelFolder, defaults, chat
         self._loaded: dict[tuple[str, str], Any] = {}
@@ -330,9 +334,9 @@ class ModelRegistry:
                 try:
                     runner = _runner(key[1])
                     if runner is not None:  # loaded on the thread that will decode it (see `runner.Runner`)
-                        loaded = runner.call(load_backend, folder, key[1], self.threads)
+                        loaded = runner.call(load_backend, folder, key[1], self.threads, self.prompt_cache_bytes)
                     else:
-                        loaded = load_backend(folder, key[1], self.threads)
+                        loaded = load_backend(folder, key[1], self.threads, self.prompt_cache_bytes)
                 except (OSError, ValueError) as e:
                     raise ModelUnavailable(f"{BACKENDS[key[1]]} cannot serve model {name!r}: {e}") from None
                 logger.info("loaded %s/%s in %.2f s", *key, loaded.load_seconds)

@@ -75,6 +75,37 @@ def test_decode_gap_refuses_what_it_cannot_measure(args, message):
     assert_refused("decode_gap.py", args, message)
 
 
+def test_prefix_share_prints_every_example_prompt_prefilled_and_cached():
+    out = run_script(
+        "prefix_share.py",
+        *("--model", "ladder-a", "--backends", "torch", "onnx-int8", "--rows", "1", "2", "--tokens", "5"),
+        *("--repeats", "2", "--rounds", "1", "--threads", "1"),
+    )
+    assert "requests of 5 new tokens" in out
+    assert "| prefill, ms | cached, ms | request among 1 rows, ms (saved) | request among 2 rows, ms (saved) |" in out
+    rows = [line for line in out.splitlines() if line.startswith(("| torch |", "| onnx-int8 |"))]
+    assert len(rows) == 10 and all(row.count("%)") == 2 for row in rows)  # 5 examples x 2 backends
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rows", "0"], "--rows must be >= 1, got 0"),
+        (["--tokens", "0"], "--tokens must be >= 1, got 0"),
+        (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    ],
+)
+def test_prefix_share_refuses_what_it_cannot_measure(args, message):
+    assert_refused("prefix_share.py", args, message)
+
+
+def test_prefix_share_refuses_a_folder_without_example_prompts(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(ROOT / "gpt_serve" / "models" / "ladder-a", folder)
+    (folder / "corpus.json").unlink()
+    assert_refused("prefix_share.py", ["--model", str(folder)], "records no example prompts (corpus.json)")
+
+
 def test_decode_attention_times_every_variant_and_the_paired_steps():
     out = run_script(
         "decode_attention.py",

@@ -174,3 +174,18 @@ def test_the_registry_takes_backend_keys_a_request_resolved_already(registry):
     assert registry.unavailable_reason("tiny", "PyTorch") == "unknown backend 'PyTorch'; choose one of " + str(
         ["torch", "onnx", "onnx-int8"]
     )
+
+
+def test_every_loaded_backend_keeps_prompts_as_the_registry_says(tiny_model_dir):
+    """`--prompt-cache-mb`: the bytes each loaded backend's `PromptCache` may hold (0: none); a bad size is refused
+    before any model loads."""
+    kept = ModelRegistry({"tiny": tiny_model_dir}, threads=1, prompt_cache_bytes=2**20)
+    none = ModelRegistry({"tiny": tiny_model_dir}, threads=1, prompt_cache_bytes=0)
+    try:
+        assert kept.backend("tiny", "torch").backend.prompt_cache.max_bytes == 2**20
+        assert none.backend("tiny", "torch").backend.prompt_cache is None
+    finally:
+        kept.close()
+        none.close()
+    with pytest.raises(ValueError, match="max_bytes must be an int >= 0, got -1"):
+        ModelRegistry({"tiny": tiny_model_dir}, prompt_cache_bytes=-1)

@@ -19,6 +19,7 @@ from ...models import WEIGHTS_FILE_NAME
 from ..fields import BACKENDS
 from ..model_folder import ModelFolder
 from .interface import Backend
+from .prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache
 from .threads import check_threads
 
 
@@ -49,7 +50,10 @@ def check_backend_key(key: object) -> str:
 
 
 def load_backend(
-    model: str | os.PathLike | ModelFolder = "shakespeare", backend: str = "torch", threads: int | None = None
+    model: str | os.PathLike | ModelFolder = "shakespeare",
+    backend: str = "torch",
+    threads: int | None = None,
+    prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
 ) -> LoadedModel:
     """Loads a shipped model (by name), a model folder or an opened `ModelFolder` for `backend` (`"torch"`, `"onnx"`
     or `"onnx-int8"`).
@@ -57,9 +61,12 @@ def load_backend(
     `threads`: intra-op threads per forward pass (None: the runtime's default). For PyTorch the count is
     process-wide (`torch.set_num_threads`); each ONNX Runtime session has its own.
 
+    `prompt_cache_bytes`: what the backend may keep of the prompts it prefilled, so that a window prefilled before
+    is copied in rather than computed again (`backend.prompt_cache`, a `PromptCache`; 0: none).
+
     Raises:
-        ValueError: an unknown model or backend, or a folder whose files are missing, corrupt or do not match
-            each other (the message names the file and what is wrong).
+        ValueError: an unknown model or backend, a `prompt_cache_bytes` that is not an int >= 0, or a folder whose
+            files are missing, corrupt or do not match each other (the message names the file and what is wrong).
         FileNotFoundError: a file the backend needs is missing (the message says how to make it).
         MissingDependency: the backend's runtime is not installed (a ModuleNotFoundError; the message says what
             to install).
@@ -67,6 +74,7 @@ def load_backend(
     start = time.perf_counter()
     key = check_backend_key(backend)
     threads = check_threads(threads)
+    prompts = PromptCache(prompt_cache_bytes) if prompt_cache_bytes else None  # checks the value
     folder = ModelFolder.open(model)
     if key == "torch":
         runner = _torch_backend(folder, threads)
@@ -76,6 +84,7 @@ def load_backend(
         except ImportError as e:  # numpy and onnxruntime: the `onnx` extra
             raise missing_extra(f"the {key} backend", "onnx", e) from None
         runner = OnnxBackend(folder, quantized=key == "onnx-int8", threads=threads)
+    runner.prompt_cache = prompts
     return LoadedModel(folder, key, runner, time.perf_counter() - start)
 
 

@@ -57,6 +57,7 @@ from .onnx_session import (
     load_session,
     run_inplace,
 )
+from .prompt_cache import PromptCache
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ class OnnxBackend:
         self._present_names = present_names(self.n_layer)
         first = self.session.get_providers()[0]
         self._cache_device = "cuda" if first == "CUDAExecutionProvider" else "cpu"
+        self.prompt_cache: PromptCache | None = None  # prefilled windows kept across batches (`load_backend` sets one)
         self._empty_past: dict[int, Any] = {}  # batch size -> an empty (B, H, 0, head_size) past, made once
         self.inplace_path = onnx_path(self.model_dir, self.quantized, inplace=True)
         self.inplace_session = None

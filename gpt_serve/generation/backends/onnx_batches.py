@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .interface import check_fork
+from .prompt_cache import PromptCache, cached_windows
 
 
 class OnnxGraphs(Protocol):
@@ -25,6 +26,7 @@ class OnnxGraphs(Protocol):
     n_layer: int
     n_head: int
     head_size: int
+    prompt_cache: PromptCache | None  # prefilled windows kept across batches
 
     def forward(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, cache: OnnxCache | None
@@ -80,8 +82,15 @@ class OnnxDecodeBatch:
             raise ValueError(f"the batch holds {self.max_rows} rows at most")
         ids = np.asarray(ids, dtype=np.int64)[None]  # (1, L)
         L = ids.shape[1]
-        logits, cache = self.backend.forward(ids, np.ones_like(ids), np.arange(L)[None], None)
-        new = [v.numpy() for v in cache.values]  # each (1, H, L, hs)
+        prompts = self.backend.prompt_cache
+        keys, (entry,) = cached_windows(prompts, ids)
+        if entry is None:
+            logits, cache = self.backend.forward(ids, np.ones_like(ids), np.arange(L)[None], None)
+            entry = ([v.numpy() for v in cache.values], logits[0])  # each (1, H, L, hs); the logits
+            if prompts is not None and prompts.admit(keys[0]):
+                entry = ([a.copy() for a in entry[0]], entry[1].copy())
+                prompts.put(keys[0], entry, entry[1].nbytes + sum(a.nbytes for a in entry[0]))
+        new, row_logits = entry
         width = max(self.mask.shape[1], L)
         pad = lambda a, w: np.pad(a, ((0, 0), (0, 0), (width - w, 0), (0, 0)))  # noqa: E731  (left, on columns)
         if len(self):
@@ -93,7 +102,7 @@ class OnnxDecodeBatch:
         mask[:-1, width - self.mask.shape[1] :] = self.mask
         mask[-1, width - L :] = 1
         self._set(arrays, mask, np.append(self.lengths, L))
-        return logits[0]
+        return row_logits
 
     def add_rows(self, windows) -> np.ndarray:
         """Each window prefilled alone (joining this layout rebuilds the cache anyway)."""
@@ -155,8 +164,24 @@ class OnnxInPlaceBatch:
             raise ValueError(f"the batch holds {self.max_rows} rows at most")
         if not 0 < L <= self.backend.block_size:
             raise ValueError(f"a row holds 1 to block_size = {self.backend.block_size} tokens, got {L}")
-        rows = [buffer[first : first + k] for buffer in self.cache]
-        logits = self.backend.run_inplace(ids, np.zeros(k, dtype=np.int64), rows)  # prefills, in place
+        prompts = self.backend.prompt_cache
+        keys, found = cached_windows(prompts, ids)
+        missing = [j for j, entry in enumerate(found) if entry is None]
+        m = len(missing)
+        if missing:  # the windows not cached prefilled in place, into the first rows
+            rows = [buffer[first : first + m] for buffer in self.cache]
+            logits = self.backend.run_inplace(ids[missing], np.zeros(m, dtype=np.int64), rows)
+            for n, j in enumerate(missing):
+                keep = prompts is not None and prompts.admit(keys[j])
+                if keep or m < k:  # copies: the rows below are rewritten in window order
+                    found[j] = ([buffer[first + n, :, :L].copy() for buffer in self.cache], logits[n].copy())
+                if keep:
+                    prompts.put(keys[j], found[j], logits[n].nbytes + sum(a.nbytes for a in found[j][0]))
+        if m < k:  # every row in window order, from the cache or the copies just taken
+            for j, (arrays, _) in enumerate(found):
+                for buffer, a in zip(self.cache, arrays, strict=True):
+                    buffer[first + j, :, :L] = a
+            logits = np.stack([entry[1] for entry in found])
         self.lengths[first : first + k] = L
         self.rows += k
         return logits

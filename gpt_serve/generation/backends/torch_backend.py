@@ -10,6 +10,7 @@ import torch
 
 from ...chargpt.modeling_chargpt import CharGPTForCausalLM
 from .interface import check_fork
+from .prompt_cache import PromptCache, cached_windows
 from .torch_decode import DecodePlan, decode_copy
 
 
@@ -149,6 +150,7 @@ class TorchBackend:
         self.description = f"the torch backend (PyTorch) of {model.name_or_path or type(model).__name__}"
         self.tuner: ThreadTuner | None = None  # made on the first decode step, on the thread that decodes
         self.plan: DecodePlan | bool | None = None  # made on the first decode step (False: none, see `DecodePlan.of`)
+        self.prompt_cache: PromptCache | None = None  # prefilled windows kept across batches (`load_backend` sets one)
 
     def new_cache(self, batch: int) -> KVBuffer:
         c = self.config
@@ -314,12 +316,32 @@ class TorchDecodeBatch:
         k, L = ids.shape
         if kv.rows + k > self.max_rows:
             raise ValueError(f"the batch holds {self.max_rows} rows at most")
-        logits, cache = self.backend.forward(ids, np.ones_like(ids), np.tile(np.arange(L), (k, 1)), None)
+        prompts = self.backend.prompt_cache
+        keys, found = cached_windows(prompts, ids)
+        missing = [j for j, entry in enumerate(found) if entry is None]
+        if missing:  # one forward pass over the windows not cached
+            new = ids[missing]
+            logits, cache = self.backend.forward(new, np.ones_like(new), np.tile(np.arange(L), (len(new), 1)), None)
+            for n, j in enumerate(missing):
+                found[j] = (
+                    [t[n : n + 1, :, :L] for t in cache.keys],
+                    [t[n : n + 1, :, :L] for t in cache.values],
+                    logits[n],
+                )
+                if prompts is not None and prompts.admit(keys[j]):  # kept: copies, not views of this pass's buffers
+                    row_keys, row_values = [t.clone() for t in found[j][0]], [t.clone() for t in found[j][1]]
+                    found[j] = (row_keys, row_values, logits[n].copy())
+                    nbytes = sum(t.numel() * t.element_size() for t in (*row_keys, *row_values))
+                    prompts.put(keys[j], found[j], nbytes + logits[n].nbytes)
         kv.reserve(L, 1)
-        kv.set_rows(kv.rows, [t[:, :, :L] for t in cache.keys], [t[:, :, :L] for t in cache.values])
+        if len(missing) == k:  # the pass's rows in order: one copy per layer
+            kv.set_rows(kv.rows, [t[:, :, :L] for t in cache.keys], [t[:, :, :L] for t in cache.values])
+        else:
+            for j, (row_keys, row_values, _) in enumerate(found):
+                kv.set_rows(kv.rows + j, row_keys, row_values)
         kv.rows += k
         kv.refresh_lo()
-        return logits
+        return logits if len(missing) == k else np.stack([entry[2] for entry in found])
 
     def fork(self, sources) -> None:
         self.kv.copy_rows(check_fork(sources, self.kv.rows, self.max_rows))
