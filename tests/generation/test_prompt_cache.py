@@ -124,3 +124,16 @@ def test_load_backend_gives_every_backend_a_cache_unless_told_not_to():
     assert isinstance(loaded.backend.prompt_cache, PromptCache)
     assert loaded.backend.prompt_cache.max_bytes == DEFAULT_PROMPT_CACHE_BYTES
     assert load_backend("shakespeare", "onnx", threads=1, prompt_cache_bytes=0).backend.prompt_cache is None
+
+
+def test_what_a_hit_returns_is_the_callers_to_change(backend):
+    """Penalties and logit_bias change a row's logits in place: that must not reach the cache's copy."""
+    backend.prompt_cache = PromptCache()
+    kept = [backend.new_batch(1).add(W1) for _ in range(2)][1].copy()
+    for _ in range(2):
+        batch = backend.new_batch(3)
+        hit = batch.add(W1)
+        np.testing.assert_array_equal(hit, kept)
+        hit[:] = 0.0
+        batch.add_rows([W2, W1])[:] = 0.0
+    assert backend.prompt_cache.hits == 4

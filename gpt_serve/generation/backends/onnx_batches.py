@@ -102,7 +102,7 @@ class OnnxDecodeBatch:
         mask[:-1, width - self.mask.shape[1] :] = self.mask
         mask[-1, width - L :] = 1
         self._set(arrays, mask, np.append(self.lengths, L))
-        return row_logits
+        return row_logits.copy()  # the caller's to change: not the cache's
 
     def add_rows(self, windows) -> np.ndarray:
         """Each window prefilled alone (joining this layout rebuilds the cache anyway)."""
