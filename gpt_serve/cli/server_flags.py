@@ -196,8 +196,8 @@ def add_sharing_arguments(parser) -> None:
         "--prompt-cache-mb",
         type=non_negative_int,
         default=DEFAULT_PROMPT_CACHE_BYTES // 2**20,
-        help="MiB each loaded model keeps of the prompts it prefilled, so that a prompt seen before is copied in, "
-        f"not computed again (0: none; default {DEFAULT_PROMPT_CACHE_BYTES // 2**20})",
+        help="MiB each loaded model and backend keeps of the prompts it prefilled more than once, so that such a "
+        f"prompt is copied in, not computed again (0: none; default {DEFAULT_PROMPT_CACHE_BYTES // 2**20})",
     )
     parser.add_argument(
         "--max-request-tokens",

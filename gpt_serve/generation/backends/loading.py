@@ -74,7 +74,8 @@ def load_backend(
     start = time.perf_counter()
     key = check_backend_key(backend)
     threads = check_threads(threads)
-    prompts = PromptCache(prompt_cache_bytes) if prompt_cache_bytes else None  # checks the value
+    prompts = PromptCache(prompt_cache_bytes)  # checks the value
+    prompts = prompts if prompts.max_bytes else None
     folder = ModelFolder.open(model)
     if key == "torch":
         runner = _torch_backend(folder, threads)

@@ -21,7 +21,7 @@ from typing import Any
 __all__ = ["DEFAULT_PROMPT_CACHE_BYTES", "PromptCache", "cached_windows"]
 
 DEFAULT_PROMPT_CACHE_BYTES = 64 * 2**20  # 64 MiB: ~10,000 positions of the shipped model, ~3,600 of the lesson's size
-SEEN_WINDOWS = 4096  # the windows remembered as prefilled once (their ids only)
+SEEN_WINDOWS = 4096  # the windows remembered as prefilled once (a hash of their ids: 8 bytes each, not the ids)
 
 
 class PromptCache:
@@ -36,7 +36,7 @@ class PromptCache:
         self.bytes = 0
         self.hits = self.misses = 0
         self._entries: OrderedDict[tuple[int, ...], tuple[Any, int]] = OrderedDict()
-        self._seen: OrderedDict[tuple[int, ...], None] = OrderedDict()
+        self._seen: OrderedDict[int, None] = OrderedDict()  # hashes: a collision only keeps a window one prefill early
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -62,11 +62,12 @@ class PromptCache:
     def admit(self, ids: tuple[int, ...]) -> bool:
         """Whether `ids`, just prefilled, is worth keeping: True where it was prefilled before (then `put` it); the
         first time, False, and the window is remembered."""
+        key = hash(ids)
         with self._lock:
-            if ids in self._seen:
-                del self._seen[ids]
+            if key in self._seen:
+                del self._seen[key]
                 return True
-            self._seen[ids] = None
+            self._seen[key] = None
             if len(self._seen) > SEEN_WINDOWS:
                 self._seen.popitem(last=False)
             return False
