@@ -23,7 +23,7 @@ from typing import Any
 from ..chargpt.chat_format import ChatFormat, read_chat_format
 from ..folders.corpus_record import CorpusRecord, corpus_record_or_none
 from ..generation.backends.loading import LoadedModel, check_backend_key, load_backend
-from ..generation.backends.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache
+from ..generation.backends.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, check_max_bytes
 from ..generation.fields import BACKENDS, RequestError, show_value
 from ..generation.folder_defaults import check_mode, read_generation_defaults
 from ..generation.model_folder import ModelFolder
@@ -151,7 +151,7 @@ class ModelRegistry:
         self.threads = threads
         self.models_root = Path(models_root)  # where a missing named model was looked for
         self.max_batch, self.max_queue, self.preempt_after = max_batch, max_queue, preempt_after
-        self.prompt_cache_bytes = PromptCache(prompt_cache_bytes).max_bytes  # checked before any model loads
+        self.prompt_cache_bytes = check_max_bytes(prompt_cache_bytes)  # before any model loads
         self.generation_config = check_mode(generation_config)
         self._folder_records: dict[tuple[str, str], Any] = {}  # (model, what) -> its ModelFolder, defaults, chat
         self._loaded: dict[tuple[str, str], Any] = {}

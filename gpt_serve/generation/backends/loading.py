@@ -19,7 +19,7 @@ from ...models import WEIGHTS_FILE_NAME
 from ..fields import BACKENDS
 from ..model_folder import ModelFolder
 from .interface import Backend
-from .prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache
+from .prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache, check_max_bytes
 from .threads import check_threads
 
 
@@ -74,8 +74,7 @@ def load_backend(
     start = time.perf_counter()
     key = check_backend_key(backend)
     threads = check_threads(threads)
-    prompts = PromptCache(prompt_cache_bytes)  # checks the value
-    prompts = prompts if prompts.max_bytes else None
+    prompts = PromptCache(prompt_cache_bytes) if check_max_bytes(prompt_cache_bytes) else None
     folder = ModelFolder.open(model)
     if key == "torch":
         runner = _torch_backend(folder, threads)

@@ -87,9 +87,8 @@ class OnnxDecodeBatch:
         if entry is None:
             logits, cache = self.backend.forward(ids, np.ones_like(ids), np.arange(L)[None], None)
             entry = ([v.numpy() for v in cache.values], logits[0])  # each (1, H, L, hs); the logits
-            if prompts is not None and prompts.admit(keys[0]):
-                entry = ([a.copy() for a in entry[0]], entry[1].copy())
-                prompts.put(keys[0], entry, entry[1].nbytes + sum(a.nbytes for a in entry[0]))
+            if prompts is not None:
+                entry = prompts.offer(keys[0], lambda: ([a.copy() for a in entry[0]], entry[1].copy())) or entry
         new, row_logits = entry
         width = max(self.mask.shape[1], L)
         pad = lambda a, w: np.pad(a, ((0, 0), (0, 0), (width - w, 0), (0, 0)))  # noqa: E731  (left, on columns)
@@ -172,11 +171,13 @@ class OnnxInPlaceBatch:
             rows = [buffer[first : first + m] for buffer in self.cache]
             logits = self.backend.run_inplace(ids[missing], np.zeros(m, dtype=np.int64), rows)
             for n, j in enumerate(missing):
-                keep = prompts is not None and prompts.admit(keys[j])
-                if keep or m < k:  # copies: the rows below are rewritten in window order
-                    found[j] = ([buffer[first + n, :, :L].copy() for buffer in self.cache], logits[n].copy())
-                if keep:
-                    prompts.put(keys[j], found[j], logits[n].nbytes + sum(a.nbytes for a in found[j][0]))
+
+                def copy(n=n):  # the row's own arrays: the rows below are rewritten in window order
+                    return [buffer[first + n, :, :L].copy() for buffer in self.cache], logits[n].copy()
+
+                found[j] = prompts.offer(keys[j], copy) if prompts is not None else None
+                if found[j] is None and m < k:
+                    found[j] = copy()
         if m < k:  # every row in window order, from the cache or the copies just taken
             for j, (arrays, _) in enumerate(found):
                 for buffer, a in zip(self.cache, arrays, strict=True):

@@ -16,12 +16,20 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEFAULT_PROMPT_CACHE_BYTES", "PromptCache", "cached_windows"]
+__all__ = ["DEFAULT_PROMPT_CACHE_BYTES", "PromptCache", "cached_windows", "check_max_bytes"]
 
 DEFAULT_PROMPT_CACHE_BYTES = 64 * 2**20  # 64 MiB: ~10,000 positions of the shipped model, ~3,600 of the lesson's size
 SEEN_WINDOWS = 4096  # the windows remembered as prefilled once (a hash of their ids: 8 bytes each, not the ids)
+
+
+def check_max_bytes(value: object) -> int:
+    """`value` if it is a cache size (an int >= 0); a ValueError naming it otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"max_bytes must be an int >= 0, got {value!r}")
+    return value
 
 
 class PromptCache:
@@ -30,9 +38,7 @@ class PromptCache:
     kept. `hits` and `misses` count the lookups."""
 
     def __init__(self, max_bytes: int = DEFAULT_PROMPT_CACHE_BYTES):
-        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
-            raise ValueError(f"max_bytes must be an int >= 0, got {max_bytes!r}")
-        self.max_bytes = max_bytes
+        self.max_bytes = check_max_bytes(max_bytes)
         self.bytes = 0
         self.hits = self.misses = 0
         self._entries: OrderedDict[tuple[int, ...], tuple[Any, int]] = OrderedDict()
@@ -71,6 +77,15 @@ class PromptCache:
             if len(self._seen) > SEEN_WINDOWS:
                 self._seen.popitem(last=False)
             return False
+
+    def offer(self, ids: tuple[int, ...], copy: Callable[[], tuple[list, Any]]) -> tuple[list, Any] | None:
+        """A window just prefilled: where it is worth keeping (`admit`), `copy()` (its per-layer arrays or tensors and
+        its logits, copies the batch will not change) is stored, sized by their bytes, and returned; else None."""
+        if not self.admit(ids):
+            return None
+        entry = copy()
+        self.put(ids, entry, sum(a.nbytes for a in entry[0]) + entry[1].nbytes)
+        return entry
 
     def put(self, ids: tuple[int, ...], entry: Any, nbytes: int) -> None:
         """Stores `entry` for `ids`, dropping the least recently used entries to stay within `max_bytes`."""

@@ -322,26 +322,24 @@ class TorchDecodeBatch:
         if missing:  # one forward pass over the windows not cached
             new = ids[missing]
             logits, cache = self.backend.forward(new, np.ones_like(new), np.tile(np.arange(L), (len(new), 1)), None)
-            for n, j in enumerate(missing):
-                found[j] = (
-                    [t[n : n + 1, :, :L] for t in cache.keys],
-                    [t[n : n + 1, :, :L] for t in cache.values],
-                    logits[n],
-                )
-                if prompts is not None and prompts.admit(keys[j]):  # kept: copies, not views of this pass's buffers
-                    row_keys, row_values = [t.clone() for t in found[j][0]], [t.clone() for t in found[j][1]]
-                    found[j] = (row_keys, row_values, logits[n].copy())
-                    nbytes = sum(t.numel() * t.element_size() for t in (*row_keys, *row_values))
-                    prompts.put(keys[j], found[j], nbytes + logits[n].nbytes)
+            # Each row's entry (every layer's keys then values (1, H, L, hs), and its logits) where the cache may
+            # keep it or the rows are placed one by one; none where the pass's rows go in as they are.
+            for n, j in enumerate(missing if prompts is not None or len(missing) < k else ()):
+                row = [t[n : n + 1, :, :L] for t in (*cache.keys, *cache.values)]
+                if prompts is not None:  # kept: copies, not views of this pass's buffers
+                    found[j] = prompts.offer(keys[j], lambda row=row, n=n: ([t.clone() for t in row], logits[n].copy()))
+                if found[j] is None and len(missing) < k:
+                    found[j] = (row, logits[n])
         kv.reserve(L, 1)
         if len(missing) == k:  # the pass's rows in order: one copy per layer
             kv.set_rows(kv.rows, [t[:, :, :L] for t in cache.keys], [t[:, :, :L] for t in cache.values])
         else:
-            for j, (row_keys, row_values, _) in enumerate(found):
-                kv.set_rows(kv.rows + j, row_keys, row_values)
+            layers = len(kv.keys)
+            for j, (row, _) in enumerate(found):
+                kv.set_rows(kv.rows + j, row[:layers], row[layers:])
         kv.rows += k
         kv.refresh_lo()
-        return logits if len(missing) == k else np.stack([entry[2] for entry in found])
+        return logits if len(missing) == k else np.stack([entry[1] for entry in found])
 
     def fork(self, sources) -> None:
         self.kv.copy_rows(check_fork(sources, self.kv.rows, self.max_rows))
