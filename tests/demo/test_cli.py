@@ -83,6 +83,17 @@ def test_the_demo_takes_its_models_as_gpt_serve_serve_does(models_root):
     assert "ladder-e" in shipped.names and "ladder-e" not in shipped.available  # the ladder listed when missing
 
 
+def test_the_demo_keeps_prompts_as_gpt_serve_serve_does(models_root, capsys):
+    from demo.cli import demo_registry
+
+    args = ["--models-root", str(models_root), "--threads", "1"]
+    assert demo_registry(build_parser().parse_args(args)).prompt_cache_bytes == 64 * 2**20
+    assert demo_registry(build_parser().parse_args([*args, "--prompt-cache-mb", "0"])).prompt_cache_bytes == 0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*args, "--prompt-cache-mb", "-1"])
+    assert "argument --prompt-cache-mb: must be an integer >= 0, got -1" in capsys.readouterr().err
+
+
 def test_the_flags_of_gpt_serve_serve_and_the_older_spellings_name_the_same_knobs():
     parse = build_parser().parse_args
     new = parse(["--max-num-seqs", "3", "--max-tokens-limit", "500", "--log-level", "debug"])

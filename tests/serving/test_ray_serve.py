@@ -71,6 +71,20 @@ def test_each_replica_reads_the_folders_generation_config_unless_told_not_to(mod
         RayServeOptions(generation_config="folder")
 
 
+def test_the_prompt_cache_size_reaches_every_replicas_registry():
+    """`--prompt-cache-mb` (MiB) -> `prompt_cache_bytes` of `gpt-serve serve`'s registry and of each Ray replica's."""
+    from gpt_serve.cli import build_parser
+    from gpt_serve.cli.serve import _ray_options
+    from gpt_serve.cli.server_flags import prompt_cache_bytes
+
+    args = build_parser().parse_args(["serve", "--ray", "--prompt-cache-mb", "3"])
+    assert prompt_cache_bytes(args) == 3 * 2**20
+    assert _ray_options(args).registry().prompt_cache_bytes == 3 * 2**20
+    assert RayServeOptions().registry().prompt_cache_bytes == 64 * 2**20
+    with pytest.raises(ValueError, match="prompt_cache_bytes\n  Input should be greater than or equal to 0"):
+        RayServeOptions(prompt_cache_bytes=-1)
+
+
 def test_a_local_instance_must_have_the_cpus_the_replicas_ask_for():
     from gpt_serve.serving.ray_serve import check_cpus
 
